@@ -1,0 +1,189 @@
+"""gptbook.data: finding, verifying and downloading Tiny Shakespeare, and the split."""
+import functools
+import hashlib
+import http.server
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from gptbook import data
+from gptbook.data import (TINY_SHAKESPEARE_SHA256, ChecksumError, cache_dir, download, sha256_file,
+                          tiny_shakespeare, tiny_shakespeare_path, train_val_split)
+
+SMALL = b"To be, or not to be, that is the question:\n"
+SMALL_SHA = hashlib.sha256(SMALL).hexdigest()
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def server(tmp_path):
+    "A real HTTP server on 127.0.0.1 serving one small file; yields its base URL."
+    root = tmp_path / "www"
+    root.mkdir()
+    (root / "tinyshakespeare.txt").write_bytes(SMALL)
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(root)))
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{srv.server_port}"
+    srv.shutdown()
+    srv.server_close()
+
+
+@pytest.fixture
+def no_env(monkeypatch, tmp_path):
+    "No GPTBOOK_DATA, and an empty private cache folder."
+    monkeypatch.delenv("GPTBOOK_DATA", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "gptbook"
+
+
+def _dead_url():
+    "A URL on 127.0.0.1 where nothing listens (bind a port, then close it)."
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return f"http://127.0.0.1:{port}/tinyshakespeare.txt"
+
+
+# --- the real file -------------------------------------------------------------------------------
+
+def test_real_text_via_env(shakespeare_path):
+    text = tiny_shakespeare()
+    assert len(text) == 1_115_394
+    assert hashlib.sha256(text.encode()).hexdigest() == TINY_SHAKESPEARE_SHA256
+    assert text.startswith("First Citizen:\nBefore we proceed any further, hear me speak.")
+
+
+def test_env_may_name_a_folder(shakespeare_path, monkeypatch):
+    monkeypatch.setenv("GPTBOOK_DATA", str(shakespeare_path.parent))
+    assert tiny_shakespeare_path() == shakespeare_path
+
+
+def test_explicit_path_wins_over_env(shakespeare_path, monkeypatch, tmp_path):
+    monkeypatch.setenv("GPTBOOK_DATA", str(tmp_path / "missing.txt"))  # would be an error if consulted
+    assert len(tiny_shakespeare(shakespeare_path)) == 1_115_394
+
+
+def test_split_of_real_text(shakespeare):
+    train, val = train_val_split(shakespeare)
+    assert (len(train), len(val)) == (1_003_854, 111_540)
+    assert train + val == shakespeare
+
+
+# --- resolution order and errors -----------------------------------------------------------------
+
+def test_env_pointing_nowhere_is_an_error(monkeypatch, tmp_path):
+    monkeypatch.setenv("GPTBOOK_DATA", str(tmp_path / "nope.txt"))
+    with pytest.raises(FileNotFoundError, match="GPTBOOK_DATA"):
+        tiny_shakespeare()
+
+
+def test_missing_explicit_path(tmp_path):
+    with pytest.raises(FileNotFoundError, match="No file at"):
+        tiny_shakespeare(tmp_path / "absent.txt")
+
+
+def test_wrong_file_is_caught_and_can_be_forced(tmp_path):
+    p = tmp_path / "tinyshakespeare.txt"
+    p.write_text("not shakespeare")
+    with pytest.raises(ChecksumError, match="verify=False"):
+        tiny_shakespeare(p)
+    assert tiny_shakespeare(p, verify=False) == "not shakespeare"
+
+
+def test_cache_dir_respects_xdg(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert cache_dir() == tmp_path / "gptbook"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert cache_dir() == Path.home() / ".cache" / "gptbook"
+
+
+def test_cache_is_used_before_download(no_env):
+    no_env.mkdir(parents=True)
+    (no_env / "tinyshakespeare.txt").write_bytes(SMALL)
+    # a dead URL proves no download is attempted when the cache has the file
+    assert tiny_shakespeare(url=_dead_url(), sha256=SMALL_SHA) == SMALL.decode()
+
+
+def test_download_into_cache_then_reuse(no_env, server):
+    text = tiny_shakespeare(url=f"{server}/tinyshakespeare.txt", sha256=SMALL_SHA)
+    assert text == SMALL.decode()
+    assert (no_env / "tinyshakespeare.txt").read_bytes() == SMALL
+    assert sorted(p.name for p in no_env.iterdir()) == ["tinyshakespeare.txt"]  # no temp files left
+    assert tiny_shakespeare(url=_dead_url(), sha256=SMALL_SHA) == SMALL.decode()
+
+
+def test_download_bad_checksum_writes_nothing(no_env, server):
+    with pytest.raises(ChecksumError, match="SHA-256"):
+        tiny_shakespeare(url=f"{server}/tinyshakespeare.txt")  # real Tiny Shakespeare checksum: mismatch
+    assert not (no_env / "tinyshakespeare.txt").exists()
+    assert not no_env.exists() or list(no_env.iterdir()) == []
+
+
+def test_bad_checksum_keeps_existing_good_file(tmp_path, server):
+    dest = tmp_path / "keep" / "tinyshakespeare.txt"
+    dest.parent.mkdir()
+    dest.write_bytes(b"the good copy")
+    with pytest.raises(ChecksumError):
+        download(f"{server}/tinyshakespeare.txt", dest, sha256="0" * 64)
+    assert dest.read_bytes() == b"the good copy"
+    assert [p.name for p in dest.parent.iterdir()] == ["tinyshakespeare.txt"]
+
+
+def test_server_down_says_how_to_supply(no_env):
+    with pytest.raises(ConnectionError) as e:
+        tiny_shakespeare(url=_dead_url())
+    msg = str(e.value)
+    for hint in ("path=", "GPTBOOK_DATA", str(no_env / "tinyshakespeare.txt"), TINY_SHAKESPEARE_SHA256):
+        assert hint in msg
+
+
+def test_http_404_is_a_clear_error(no_env, server):
+    with pytest.raises(ConnectionError, match="Could not download"):
+        tiny_shakespeare(url=f"{server}/missing.txt")
+    assert not (no_env / "tinyshakespeare.txt").exists()
+
+
+def test_no_download_when_disabled(no_env):
+    with pytest.raises(FileNotFoundError, match="GPTBOOK_DATA"):
+        tiny_shakespeare(download_missing=False)
+
+
+def test_sha256_file_known_vector(tmp_path):
+    p = tmp_path / "abc"
+    p.write_bytes(b"abc")
+    assert sha256_file(p) == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+
+
+# --- split ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n", [2, 3, 10, 11, 1000])
+def test_split_sizes_and_order(n):
+    seq = list(range(n))
+    train, val = train_val_split(seq)
+    assert train + val == seq and len(train) >= 1 and len(val) >= 1
+    assert len(train) == min(max(int(n * 0.9), 1), n - 1)
+
+
+@pytest.mark.parametrize("bad", [0.0, 1.0, -0.1, 2])
+def test_split_rejects_bad_fraction(bad):
+    with pytest.raises(ValueError, match="val_fraction"):
+        train_val_split("abcdef", val_fraction=bad)
+
+
+def test_split_rejects_tiny_input():
+    with pytest.raises(ValueError, match="at least 2"):
+        train_val_split("a")
+
+
+def test_char_tokenizer_is_reexported():
+    from gptbook.tokenizer import CharTokenizer
+    assert data.CharTokenizer is CharTokenizer
