@@ -1,0 +1,233 @@
+"""The project's shape: site config, notebooks, README commands, CI workflows, dependency policy."""
+import configparser
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+NBS = ROOT / "nbs"
+NOTEBOOKS = sorted(NBS.glob("*.ipynb"))
+CHAPTERS = [p for p in NOTEBOOKS if re.match(r"\d\d_", p.name)]
+
+
+def _settings():
+    cp = configparser.ConfigParser(delimiters=["="])
+    cp.read(ROOT / "settings.ini")
+    return cp["DEFAULT"]
+
+
+def _sidebar_entries(contents):
+    "All notebook paths listed in a quarto sidebar `contents`, recursively through sections."
+    out = []
+    for item in contents or []:
+        if isinstance(item, str):
+            out.append(item)
+        elif isinstance(item, dict) and "section" in item:
+            assert item.get("contents"), f"sidebar section {item['section']!r} is empty: quarto cannot render it"
+            out += _sidebar_entries(item["contents"])
+        elif isinstance(item, dict) and "href" in item:
+            out.append(item["href"])
+    return out
+
+
+# --- site config ---------------------------------------------------------------------------------
+
+def test_nbs_quarto_yml_is_a_symlink_to_the_root_file():
+    link = NBS / "_quarto.yml"
+    assert link.is_symlink(), "nbs/_quarto.yml must be a symlink (nbdev 2 reads the site config from nbs/)"
+    assert os.readlink(link) == "../_quarto.yml"
+    assert link.resolve() == (ROOT / "_quarto.yml").resolve()
+    mode = subprocess.run(["git", "ls-files", "-s", "nbs/_quarto.yml"], cwd=ROOT, capture_output=True, text=True).stdout
+    if mode:  # in a git checkout: committed as a link, not as a copy
+        assert mode.startswith("120000"), mode
+
+
+def test_sidebar_lists_exactly_the_notebooks():
+    cfg = yaml.safe_load((ROOT / "_quarto.yml").read_text())
+    listed = _sidebar_entries(cfg["website"]["sidebar"]["contents"])
+    assert len(listed) == len(set(listed)), f"duplicate sidebar entries: {listed}"
+    for entry in listed:
+        assert (NBS / entry).is_file(), f"_quarto.yml's sidebar lists {entry}, which is not in nbs/"
+    assert sorted(listed) == sorted(p.name for p in NOTEBOOKS), "every notebook must be in the sidebar"
+    assert listed[0] == "index.ipynb"
+
+
+def test_site_features():
+    cfg = yaml.safe_load((ROOT / "_quarto.yml").read_text())
+    assert cfg["project"]["type"] == "website"
+    assert "nbdev.yml" in cfg["metadata-files"]
+    html = cfg["format"]["html"]
+    assert html["css"] == "styles.css" and (NBS / "styles.css").is_file()
+    assert html["toc"] is True and "html-math-method" in html
+    site = cfg["website"]
+    assert site["page-navigation"] is True and site["sidebar"]["style"] == "docked"
+    assert "search" in site
+
+
+# --- notebooks -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("nb_path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_front_matter_and_hygiene(nb_path):
+    nb = json.loads(nb_path.read_text())
+    assert nb["metadata"] == {"kernelspec": {"display_name": "python3", "language": "python", "name": "python3"}}, \
+        "notebook metadata should be just the kernelspec (convert with jupytext --update-metadata, then nbdev_clean)"
+    first = nb["cells"][0]
+    assert first["cell_type"] == "markdown"
+    lines = [l for l in "".join(first["source"]).splitlines() if l.strip()]
+    assert len(lines) == 2 and lines[0].startswith("# ") and lines[1].startswith("> "), \
+        "the first cell holds only '# Title' and '> summary' (nbdev turns it into front matter)"
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "code":
+            assert cell.get("execution_count") is None, "run nbdev_clean"
+        assert not cell.get("metadata"), "run nbdev_clean"
+
+
+@pytest.mark.parametrize("nb_path", CHAPTERS, ids=lambda p: p.name)
+def test_chapter_shape(nb_path):
+    nb = json.loads(nb_path.read_text())
+    src = ["".join(c["source"]) for c in nb["cells"]]
+    md = "\n".join(s for s, c in zip(src, nb["cells"]) if c["cell_type"] == "markdown")
+    assert "## Summary" in md and "## Exercises" in md, "each chapter ends with a Summary and Exercises"
+    if any("#| default_exp" in s for s in src):
+        assert "nbdev_export()" in src[-1] and src[-1].lstrip().startswith("#| hide"), \
+            "a chapter that exports ends with a hidden `import nbdev; nbdev.nbdev_export()` cell"
+
+
+@pytest.mark.parametrize("nb_path", NOTEBOOKS, ids=lambda p: p.name)
+def test_code_cells_have_outputs_saved(nb_path):
+    "The site shows saved outputs: a notebook that prints or plots anything must have been executed."
+    nb = json.loads(nb_path.read_text())
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    showing = [c for c in code if re.search(r"\bprint\(|plt\.|\.plot\(|display\(", "".join(c["source"]))
+               and "#| notest" not in "".join(c["source"]) and "#| cuda" not in "".join(c["source"])]
+    if showing:
+        assert any(c.get("outputs") for c in showing), f"{nb_path.name} has no saved outputs: execute it"
+
+
+# --- README and home page ------------------------------------------------------------------------
+
+def _commands(text):
+    "Shell commands in ```sh fences."
+    blocks = re.findall(r"```(?:sh|bash)\n(.*?)```", text, flags=re.S)
+    return [line.strip() for b in blocks for line in b.splitlines() if line.strip()]
+
+
+def test_readme_and_index_show_the_same_commands():
+    readme = _commands((ROOT / "README.md").read_text())
+    nb = json.loads((NBS / "index.ipynb").read_text())
+    index = _commands("\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown"))
+    for cmds in (readme, index):
+        assert 'pip install -e ".[dev]"' in cmds
+        assert "nbdev_test && pytest" in cmds
+        assert "gptbook train" in cmds
+    install = [c for c in readme if c.startswith("pip install")]
+    test = [c for c in readme if "pytest" in c or "nbdev_test" in c]
+    assert install == [c for c in index if c.startswith("pip install")]
+    assert test == [c for c in index if "pytest" in c or "nbdev_test" in c]
+    assert [c for c in readme if c.startswith("gptbook ")] == [c for c in index if c.startswith("gptbook ")]
+
+
+def test_ci_runs_the_readme_commands():
+    ci = (ROOT / ".ci" / "run").read_text()
+    readme = _commands((ROOT / "README.md").read_text())
+    install = next(c for c in readme if c.startswith("pip install"))
+    test = next(c for c in readme if "pytest" in c)
+    assert install in ci and test in ci
+
+
+# --- packaging and dependency policy -------------------------------------------------------------
+
+def test_settings_pin_nbdev_2():
+    s = _settings()
+    dev = s["dev_requirements"].split()
+    for pin in ("nbdev==2.4.14", "execnb<0.2", "fastcore<1.13", "ghapi<2"):
+        assert pin in dev
+    assert s["tst_flags"].split() == ["notest", "slow", "cuda"]
+    assert s["min_python"] == "3.10" and s["license"] == "apache2"
+    runtime = {re.split(r"[<>=!~ ]", r)[0] for r in s["requirements"].split()}
+    assert runtime == {"torch", "numpy", "regex", "tqdm", "safetensors"}
+
+
+def _modules():
+    pkg = ROOT / "gptbook"
+    return sorted("gptbook." + ".".join(p.relative_to(pkg).with_suffix("").parts)
+                  for p in pkg.rglob("*.py") if p.name not in ("__init__.py", "_modidx.py", "__main__.py"))
+
+
+def _import_with_blocked(modules, blocked):
+    code = ("import sys\n"
+            f"for name in {blocked!r}: sys.modules[name] = None  # any import of these now fails\n"
+            f"import importlib\nfor m in {modules!r}: importlib.import_module(m)\n")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+
+
+def test_package_imports_without_dev_tools():
+    "Only the runtime requirements may be imported at import time (optional ones lazily, inside functions)."
+    blocked = ["nbdev", "fastcore", "execnb", "matplotlib", "tiktoken", "tokenizers", "transformers",
+               "IPython", "pytest", "hypothesis", "yaml"]
+    r = _import_with_blocked(["gptbook"] + _modules(), blocked)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_scratch_mirror_never_imports_torch():
+    scratch = [m for m in _modules() if m.startswith("gptbook.scratch.")]
+    if not scratch:
+        pytest.skip("no gptbook.scratch modules yet")
+    r = _import_with_blocked(scratch, ["torch"])
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+# --- GitHub workflows ----------------------------------------------------------------------------
+
+def _workflow(name):
+    wf = yaml.safe_load((ROOT / ".github" / "workflows" / name).read_text())
+    # PyYAML reads the key `on` as the boolean True
+    wf["on"] = wf.pop(True, wf.get("on"))
+    return wf
+
+
+def _run_lines(job):
+    return "\n".join(step.get("run", "") for step in job["steps"])
+
+
+def _uses(job):
+    return [step.get("uses", "") for step in job["steps"]]
+
+
+def test_test_workflow():
+    wf = _workflow("test.yaml")
+    assert {"push", "pull_request"} <= set(wf["on"])
+    job = wf["jobs"]["test"]
+    uses = _uses(job)
+    assert any(u.startswith("actions/checkout@") for u in uses)
+    assert any(u.startswith("actions/setup-python@") for u in uses)
+    assert not any("fastai/workflows" in u for u in uses), "the stock fastai actions upgrade nbdev to 3.x"
+    run = _run_lines(job)
+    for needed in ('pip install -e ".[dev]"', "nbdev_clean", "nbdev_export", "git status --porcelain",
+                   "nbdev_test", "pytest"):
+        assert needed in run, needed
+
+
+def test_deploy_workflow():
+    wf = _workflow("deploy.yaml")
+    job = wf["jobs"]["deploy"]
+    uses = _uses(job)
+    assert any(u.startswith("quarto-dev/quarto-actions/setup@") for u in uses)
+    assert any("deploy-pages" in u or "gh-pages" in u or "upload-pages-artifact" in u for u in uses)
+    run = _run_lines(job)
+    assert 'pip install -e ".[dev]"' in run and "nbdev_docs" in run
+
+
+def test_release_workflow():
+    wf = _workflow("release.yaml")
+    assert "tags" in wf["on"]["push"]
+    job = wf["jobs"]["release"]
+    assert job["permissions"]["id-token"] == "write", "PyPI trusted publishing needs an OIDC token"
+    assert any(u.startswith("pypa/gh-action-pypi-publish@") for u in _uses(job))
+    assert "python -m build" in _run_lines(job)
