@@ -1,0 +1,56 @@
+"""The wheel installs and imports with its runtime requirements only (no nbdev, no fastcore)."""
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(cmd, **kw):
+    r = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    assert r.returncode == 0, f"{' '.join(map(str, cmd))}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    return r
+
+
+@pytest.mark.slow
+def test_wheel_installs_and_imports_without_dev_tools(tmp_path):
+    dist = tmp_path / "dist"
+    # --no-isolation: build with this environment's setuptools (no download of a build env)
+    _run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist)], cwd=ROOT)
+    wheels = list(dist.glob("gptbook-*.whl"))
+    assert len(wheels) == 1, wheels
+
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=True).create(env_dir)
+    py = env_dir / "bin" / "python"
+    import torch
+    # The same torch as here (this machine keeps its CPU build on disk), then the wheel, whose other
+    # runtime requirements pip resolves from the wheel's own metadata.
+    _run([py, "-m", "pip", "install", "-q", f"torch=={torch.__version__.split('+')[0]}"])
+    _run([py, "-m", "pip", "install", "-q", str(wheels[0])])
+
+    check = (
+        "import importlib, importlib.util, pkgutil, gptbook\n"
+        "for dev in ('nbdev', 'fastcore', 'execnb', 'matplotlib', 'pytest'):\n"
+        "    assert importlib.util.find_spec(dev) is None, dev + ' should not be installed'\n"
+        "names = [m.name for m in pkgutil.walk_packages(gptbook.__path__, 'gptbook.') if m.name != 'gptbook.__main__']\n"
+        "for name in names: importlib.import_module(name)\n"
+        "assert 'gptbook.data' in names\n"
+        "print(gptbook.__version__, len(names))\n"
+    )
+    out = _run([py, "-c", check], cwd=tmp_path).stdout  # cwd outside the repo: import the installed wheel
+    assert out.split()[0] == _version()
+    if (ROOT / "gptbook" / "cli.py").exists():
+        help_text = _run([env_dir / "bin" / "gptbook", "--help"]).stdout
+        assert "train" in help_text and "sample" in help_text
+
+
+def _version():
+    import configparser
+    cp = configparser.ConfigParser(delimiters=["="])
+    cp.read(ROOT / "settings.ini")
+    return cp["DEFAULT"]["version"]
