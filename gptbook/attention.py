@@ -5,14 +5,14 @@
 # %% auto #0
 __all__ = ['causal_mask', 'scaled_dot_product_attention', 'KVCache', 'MultiHeadAttention']
 
-# %% ../nbs/03_attention.ipynb #4ba34de0
+# %% ../nbs/03_attention.ipynb #cf23b918
 import math
 import torch
 import torch.nn.functional as F
 from torch import nn
 from .positions import apply_rope
 
-# %% ../nbs/03_attention.ipynb #e61a77e8
+# %% ../nbs/03_attention.ipynb #23febf38
 def causal_mask(T_q: int, T_k: int | None = None, device=None) -> torch.Tensor:
     "Bool (T_q, T_k): True where query i (at absolute position T_k - T_q + i) may attend to key j."
     T_k = T_q if T_k is None else T_k
@@ -33,7 +33,7 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     if dropout_p > 0: w = F.dropout(w, p=dropout_p)
     return w @ v                                                  # (..., T_q, d_v)
 
-# %% ../nbs/03_attention.ipynb #ffbc9375
+# %% ../nbs/03_attention.ipynb #396e6a95
 class KVCache:
     "Pre-allocated keys and values of earlier positions, so generation computes each position once."
     def __init__(self, batch_size: int, n_kv_heads: int, max_len: int, head_dim: int, device=None, dtype=torch.float32):
@@ -58,7 +58,7 @@ class KVCache:
 
     def reset(self): self.pos = 0
 
-# %% ../nbs/03_attention.ipynb #7b63f247
+# %% ../nbs/03_attention.ipynb #baf19434
 class MultiHeadAttention(nn.Module):
     "Causal multi-head self-attention with one fused q/k/v projection; grouped-query when n_kv_heads < n_heads."
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None, bias: bool = True,

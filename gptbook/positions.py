@@ -5,12 +5,12 @@
 # %% auto #0
 __all__ = ['LearnedPositions', 'sinusoidal_table', 'rope_angles', 'apply_rope', 'apply_rope_halves', 'rope_halves_to_interleaved']
 
-# %% ../nbs/04_positions.ipynb #e2641098
+# %% ../nbs/04_positions.ipynb #f9bef4ad
 import math
 import torch
 from torch import nn
 
-# %% ../nbs/04_positions.ipynb #bb8354a9
+# %% ../nbs/04_positions.ipynb #9242801b
 class LearnedPositions(nn.Module):
     "A learned (max_seq_len, d_model) table; `forward(T, start=0)` returns rows start..start+T-1."
     def __init__(self, max_seq_len: int, d_model: int):
@@ -26,7 +26,7 @@ class LearnedPositions(nn.Module):
                              f"or use a larger max_seq_len (a learned table has no rows beyond it)")
         return self.weight[start:start + T]  # (T, d_model)
 
-# %% ../nbs/04_positions.ipynb #9ff18794
+# %% ../nbs/04_positions.ipynb #b616421f
 def _check_even(name: str, value: int):
     if value % 2: raise ValueError(f"{name}={value} is odd: sin/cos and RoPE work on pairs of dimensions, use an even {name}")
 
@@ -38,7 +38,7 @@ def sinusoidal_table(max_seq_len: int, d_model: int, base: float = 10000.0) -> t
     angle = p * inv_freq                                                           # (T, d_model/2)
     return torch.stack([angle.sin(), angle.cos()], dim=-1).flatten(-2).float()     # (T, d_model)
 
-# %% ../nbs/04_positions.ipynb #02ce96bd
+# %% ../nbs/04_positions.ipynb #ff938e0e
 def rope_angles(max_seq_len: int, head_dim: int, base: float = 10000.0, device=None,
                 dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
     "(cos, sin), each (max_seq_len, head_dim // 2), of the angles p * base^(-2k / head_dim)."

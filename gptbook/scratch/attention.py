@@ -5,10 +5,10 @@
 # %% auto #0
 __all__ = ['softmax', 'causal_mask', 'scaled_dot_product_attention', 'multi_head_attention']
 
-# %% ../../nbs/scratch/00_attention.ipynb #2fb9b32c
+# %% ../../nbs/scratch/00_attention.ipynb #0ff50ec0
 import numpy as np
 
-# %% ../../nbs/03_attention.ipynb #ffbd7c6b
+# %% ../../nbs/03_attention.ipynb #be4bf6bc
 from .positions import apply_rope
 
 def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
