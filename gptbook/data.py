@@ -10,13 +10,18 @@ import os
 import tempfile
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
+import torch
 
 from .tokenizer import CharTokenizer
 
 # %% auto #0
 __all__ = ['TINY_SHAKESPEARE_URL', 'TINY_SHAKESPEARE_SHA256', 'TINY_SHAKESPEARE_FILENAME', 'cache_dir', 'sha256_file',
-           'ChecksumError', 'download', 'tiny_shakespeare_path', 'tiny_shakespeare', 'train_val_split']
+           'ChecksumError', 'download', 'tiny_shakespeare_path', 'tiny_shakespeare', 'train_val_split',
+           'encode_to_array', 'save_tokens', 'load_tokens', 'get_batch', 'TokenData', 'load_token_data']
 
 # %% ../nbs/07_data.ipynb #4c490a8a
 TINY_SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
@@ -130,3 +135,116 @@ def train_val_split(data, val_fraction: float = 0.1):
         raise ValueError(f"Need at least 2 items to split into train and validation, got {len(data)}.")
     n_train = min(max(int(len(data) * (1.0 - val_fraction)), 1), len(data) - 1)
     return data[:n_train], data[n_train:]
+
+# %% ../nbs/07_data.ipynb #4d2e5a7e
+def encode_to_array(tokenizer, text: str) -> np.ndarray:
+    "Encode `text` with `tokenizer` into a 1-D `uint16` array. Example: CharTokenizer('ab') on 'abba' -> [0, 1, 1, 0]"
+    if tokenizer.vocab_size > 2**16:
+        raise ValueError(f"vocab_size {tokenizer.vocab_size} does not fit in uint16 (at most 65,536 ids); "
+                         "use a smaller vocabulary or store the ids as uint32")
+    return np.asarray(tokenizer.encode(text), dtype=np.uint16)
+
+# %% ../nbs/07_data.ipynb #2b60a67a
+def save_tokens(ids, path) -> Path:
+    "Write `ids` as raw little-endian `uint16` to `path` (atomically: temp file, fsync, rename)."
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    arr = np.asarray(ids)
+    if arr.ndim != 1: raise ValueError(f"save_tokens expects a 1-D array of ids, got shape {arr.shape}")
+    if arr.size and (arr.min() < 0 or arr.max() >= 2**16):
+        raise ValueError(f"ids must lie in 0..65535 to be stored as uint16, got min {arr.min()} and max {arr.max()}")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(arr.astype("<u2").tobytes())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+def load_tokens(path) -> np.ndarray:
+    "Memory-map a file written by `save_tokens` as a read-only 1-D `uint16` array."
+    path = Path(path)
+    if not path.is_file(): raise FileNotFoundError(f"No token file at {path}; write one with save_tokens(ids, path)")
+    if path.stat().st_size == 0: return np.zeros(0, dtype=np.uint16)  # np.memmap refuses empty files
+    return np.memmap(path, dtype="<u2", mode="r")
+
+# %% ../nbs/07_data.ipynb #105613a7
+def get_batch(data, batch_size: int, context_len: int, generator: torch.Generator | None = None,
+              rank: int = 0, world_size: int = 1, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    "Random windows of `data`: inputs `x` and next-token targets `y`, both LongTensor (batch_size, context_len)."
+    n = len(data)
+    if n < context_len + 1:
+        raise ValueError(f"the data has {n:,} tokens but a batch needs windows of context_len + 1 = {context_len + 1:,}; "
+                         "use a shorter context (max_seq_len) or more text")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in 0..world_size-1, got rank={rank} with world_size={world_size}")
+    offsets = torch.randint(0, n - context_len, (world_size * batch_size,), generator=generator)
+    offsets = offsets[rank * batch_size:(rank + 1) * batch_size].numpy()             # (B,) this rank's share
+    window = offsets[:, None] + np.arange(context_len + 1)                            # (B, T+1) positions
+    tokens = torch.from_numpy(np.asarray(data[window]).astype(np.int64))              # (B, T+1) ids
+    x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()                    # (B, T) each
+    if device is not None and torch.device(device).type == "cuda":  # pinned memory lets the copy overlap compute
+        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
+    if device is not None: x, y = x.to(device), y.to(device)
+    return x, y
+
+# %% ../nbs/07_data.ipynb #66adb2ae
+@dataclass
+class TokenData:
+    "A tokenized corpus: training and validation ids (`uint16` arrays) and the tokenizer that made them."
+    train: np.ndarray
+    val: np.ndarray
+    tokenizer: object
+
+    @property
+    def vocab_size(self) -> int: return self.tokenizer.vocab_size
+
+    def __repr__(self):
+        return f"TokenData(train={len(self.train):,} tokens, val={len(self.val):,} tokens, tokenizer={self.tokenizer!r})"
+
+# %% ../nbs/07_data.ipynb #5538e231
+def _read_text(path) -> str:
+    "Tiny Shakespeare when `path` is None, else the UTF-8 text file at `path` (any text, no checksum)."
+    if path is None: return tiny_shakespeare()
+    p = Path(path).expanduser()
+    if not p.is_file(): raise FileNotFoundError(f"No text file at {p}; pass the path of a UTF-8 text file, or None for Tiny Shakespeare")
+    return p.read_text(encoding="utf-8")
+
+def _bpe_ids(text: str, vocab_size: int, cache: bool):
+    "Train (or load from the cache) a BPE of `vocab_size` ids on `text`, and the ids of `text` under it."
+    from gptbook.tokenizer import BPETokenizer  # only BPE runs need it
+    stem = cache_dir() / "tokens" / f"bpe{vocab_size}-{hashlib.sha256(text.encode('utf-8')).hexdigest()[:16]}"
+    tok_file, ids_file = stem.with_suffix(".json"), stem.with_suffix(".bin")
+    if cache and tok_file.is_file() and ids_file.is_file():
+        return BPETokenizer.load(tok_file), load_tokens(ids_file)
+    tok = BPETokenizer.train(text, vocab_size)
+    ids = encode_to_array(tok, text)
+    if cache:
+        ids_file.parent.mkdir(parents=True, exist_ok=True)
+        save_tokens(ids, ids_file)  # ids first: a tokenizer file alone is never taken as a complete cache entry
+        tmp = tok_file.with_name(f".{tok_file.name}.{os.getpid()}.part")
+        tok.save(tmp); os.replace(tmp, tok_file)
+        ids = load_tokens(ids_file)
+    return tok, ids
+
+def load_token_data(tokenizer="char", vocab_size: int = 512, path=None, val_fraction: float = 0.1,
+                    cache: bool = True) -> TokenData:
+    "The text at `path` (None: Tiny Shakespeare) as ids of `tokenizer` ('char', 'bpe' or a tokenizer object), split by position."
+    text = _read_text(path)
+    if tokenizer == "char":
+        tok = CharTokenizer.train(text)
+        ids = encode_to_array(tok, text)
+    elif tokenizer == "bpe":
+        if not 256 <= vocab_size <= 2**16:
+            raise ValueError(f"a BPE vocab_size must be between 256 (the bytes) and 65,536 (uint16), got {vocab_size}")
+        tok, ids = _bpe_ids(text, vocab_size, cache)
+    elif isinstance(tokenizer, str):
+        raise ValueError(f"tokenizer must be 'char', 'bpe' or a tokenizer object, got {tokenizer!r}")
+    else:
+        tok, ids = tokenizer, encode_to_array(tokenizer, text)
+    train, val = train_val_split(ids, val_fraction)
+    return TokenData(train, val, tok)
