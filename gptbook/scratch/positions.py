@@ -8,7 +8,7 @@ __all__ = ['learned_positions', 'sinusoidal_table', 'rope_angles', 'apply_rope',
 # %% ../../nbs/scratch/00_positions.ipynb #eaaf7ec2
 import numpy as np
 
-# %% ../../nbs/04_positions.ipynb #8717d90f
+# %% ../../nbs/04_positions.ipynb #4fab26e4
 def learned_positions(table: np.ndarray, T: int, start: int = 0) -> np.ndarray:
     "Rows start..start+T-1 of a learned (max_seq_len, d_model) position table."
     max_seq_len = table.shape[0]
@@ -18,7 +18,7 @@ def learned_positions(table: np.ndarray, T: int, start: int = 0) -> np.ndarray:
                          f"or use a larger max_seq_len (a learned table has no rows beyond it)")
     return table[start:start + T]  # (T, d_model)
 
-# %% ../../nbs/04_positions.ipynb #7a5a6ae1
+# %% ../../nbs/04_positions.ipynb #5bbfdd59
 def _check_even(name: str, value: int):
     if value % 2: raise ValueError(f"{name}={value} is odd: sin/cos and RoPE work on pairs of dimensions, use an even {name}")
 
@@ -26,13 +26,13 @@ def sinusoidal_table(max_seq_len: int, d_model: int, base: float = 10000.0) -> n
     "Fixed (max_seq_len, d_model) float32 table: PE[p, 2i] = sin(p / base^(2i/d_model)), PE[p, 2i+1] = cos(...)."
     _check_even("d_model", d_model)
     p = np.arange(max_seq_len, dtype=np.float64)[:, None]                   # (T, 1)
-    inv_freq = base ** (-np.arange(0, d_model, 2, dtype=np.float64) / d_model)  # (d_model/2,)
-    angle = p * inv_freq                                                    # (T, d_model/2)
+    omega = base ** (-np.arange(0, d_model, 2, dtype=np.float64) / d_model)  # (d_model/2,)
+    angle = p * omega                                                        # (T, d_model/2)
     pe = np.empty((max_seq_len, d_model), dtype=np.float64)
     pe[:, 0::2], pe[:, 1::2] = np.sin(angle), np.cos(angle)
     return pe.astype(np.float32)
 
-# %% ../../nbs/04_positions.ipynb #aa2da315
+# %% ../../nbs/04_positions.ipynb #7c191867
 def rope_angles(max_seq_len: int, head_dim: int, base: float = 10000.0, dtype=np.float32):
     "(cos, sin), each (max_seq_len, head_dim // 2), of the angles p * base^(-2k / head_dim)."
     _check_even("head_dim", head_dim)
@@ -51,18 +51,19 @@ def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     "Rotate each pair (2k, 2k+1) of x (..., T, head_dim) by the angle whose cos/sin are (T, head_dim//2)."
     _check_rope_shapes(x, cos, sin)
     cos, sin = cos.astype(x.dtype), sin.astype(x.dtype)
-    x1, x2 = x[..., 0::2], x[..., 1::2]  # (..., T, head_dim/2) each
+    x1, x2 = x[..., 0::2], x[..., 1::2]  # (..., T, head_dim/2) each: the two members of every pair
     out = np.empty_like(x)
     out[..., 0::2] = x1 * cos - x2 * sin
     out[..., 1::2] = x1 * sin + x2 * cos
     return out
 
+# %% ../../nbs/04_positions.ipynb #51e42af3
 def apply_rope_halves(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     "RoPE with split-halves pairing (k, k + head_dim/2), as in Hugging Face Llama."
     _check_rope_shapes(x, cos, sin)
     cos, sin = cos.astype(x.dtype), sin.astype(x.dtype)
     h = x.shape[-1] // 2
-    x1, x2 = x[..., :h], x[..., h:]
+    x1, x2 = x[..., :h], x[..., h:]                                   # pair k is (x1[k], x2[k])
     return np.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
 
 def rope_halves_to_interleaved(head_dim: int) -> np.ndarray:
