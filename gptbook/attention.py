@@ -5,14 +5,14 @@
 # %% auto #0
 __all__ = ['scaled_dot_product_attention', 'causal_mask', 'KVCache', 'MultiHeadAttention']
 
-# %% ../nbs/03_attention.ipynb #468cebf9
+# %% ../nbs/03_attention.ipynb #71104501
 import math
 import torch
 import torch.nn.functional as F
 from torch import nn
 from .positions import apply_rope
 
-# %% ../nbs/03_attention.ipynb #7e305f25
+# %% ../nbs/03_attention.ipynb #7995bf6b
 def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
                                  dropout_p: float = 0.0) -> torch.Tensor:
     "softmax(q k^T / sqrt(d_k)) v over the key axis; q (..., T_q, d_k), k (..., T_k, d_k), v (..., T_k, d_v); mask True = keep."
@@ -27,14 +27,14 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     if dropout_p > 0: w = F.dropout(w, p=dropout_p)
     return w @ v                                                  # (..., T_q, d_v)
 
-# %% ../nbs/03_attention.ipynb #37335c07
+# %% ../nbs/03_attention.ipynb #5a9880e1
 def causal_mask(T_q: int, T_k: int | None = None, device=None) -> torch.Tensor:
     "Bool (T_q, T_k): True where query i (at absolute position T_k - T_q + i) may attend to key j."
     T_k = T_q if T_k is None else T_k
     if T_q > T_k: raise ValueError(f"T_q={T_q} queries but only T_k={T_k} keys: the keys must include every query position")
     return torch.ones(T_q, T_k, dtype=torch.bool, device=device).tril(diagonal=T_k - T_q)
 
-# %% ../nbs/03_attention.ipynb #624b3399
+# %% ../nbs/03_attention.ipynb #fa7fd3bc
 class KVCache:
     "Pre-allocated keys and values of earlier positions, so generation computes each position once."
     def __init__(self, batch_size: int, n_kv_heads: int, max_len: int, head_dim: int, device=None, dtype=torch.float32):
@@ -59,7 +59,7 @@ class KVCache:
 
     def reset(self): self.pos = 0
 
-# %% ../nbs/03_attention.ipynb #28ca028c
+# %% ../nbs/03_attention.ipynb #e766198e
 class MultiHeadAttention(nn.Module):
     "Causal multi-head self-attention with one fused q/k/v projection; grouped-query when n_kv_heads < n_heads."
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None, bias: bool = True,

@@ -5,12 +5,12 @@
 # %% auto #0
 __all__ = ['LearnedPositions', 'sinusoidal_table', 'rope_angles', 'apply_rope', 'apply_rope_halves', 'rope_halves_to_interleaved']
 
-# %% ../nbs/04_positions.ipynb #2aa796c7
+# %% ../nbs/04_positions.ipynb #b8273713
 import math
 import torch
 from torch import nn
 
-# %% ../nbs/04_positions.ipynb #5ba413c6
+# %% ../nbs/04_positions.ipynb #9d39e9b4
 class LearnedPositions(nn.Module):
     "A learned (max_seq_len, d_model) table; `forward(T, start=0)` returns rows start..start+T-1."
     def __init__(self, max_seq_len: int, d_model: int):
@@ -26,7 +26,7 @@ class LearnedPositions(nn.Module):
                              f"or use a larger max_seq_len (a learned table has no rows beyond it)")
         return self.weight[start:start + T]  # (T, d_model)
 
-# %% ../nbs/04_positions.ipynb #d743c93e
+# %% ../nbs/04_positions.ipynb #87486a07
 def _check_even(name: str, value: int):
     if value % 2: raise ValueError(f"{name}={value} is odd: sin/cos and RoPE work on pairs of dimensions, use an even {name}")
 
@@ -38,7 +38,7 @@ def sinusoidal_table(max_seq_len: int, d_model: int, base: float = 10000.0) -> t
     angle = p * omega                                                               # (T, d_model/2)
     return torch.stack([angle.sin(), angle.cos()], dim=-1).flatten(-2).float()      # (T, d_model): sin, cos interleaved
 
-# %% ../nbs/04_positions.ipynb #ee89de3a
+# %% ../nbs/04_positions.ipynb #9ae2f75d
 def rope_angles(max_seq_len: int, head_dim: int, base: float = 10000.0, device=None,
                 dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
     "(cos, sin), each (max_seq_len, head_dim // 2), of the angles p * base^(-2k / head_dim)."
@@ -62,7 +62,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     x1, x2 = x[..., 0::2], x[..., 1::2]                                  # (..., T, head_dim/2) each
     return torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)  # (..., T, head_dim)
 
-# %% ../nbs/04_positions.ipynb #f922986b
+# %% ../nbs/04_positions.ipynb #b54085ae
 def apply_rope_halves(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     "RoPE with split-halves pairing (k, k + head_dim/2), as in Hugging Face Llama."
     _check_rope_shapes(x, cos, sin)

@@ -8,13 +8,14 @@ __all__ = ['softmax', 'scaled_dot_product_attention', 'causal_mask', 'multi_head
 # %% ../../nbs/scratch/00_attention.ipynb #0ff50ec0
 import numpy as np
 
-# %% ../../nbs/03_attention.ipynb #94e7ee89
+# %% ../../nbs/03_attention.ipynb #bf440bfc
 def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
     "Numerically stable softmax along `axis`. Example: softmax([0, log 3]) -> [0.25, 0.75]."
     z = x - x.max(axis=axis, keepdims=True)  # exp never overflows; -inf stays -inf
     e = np.exp(z)
     return e / e.sum(axis=axis, keepdims=True)
 
+# %% ../../nbs/03_attention.ipynb #df23431e
 def scaled_dot_product_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
     "softmax(q k^T / sqrt(d_k)) v over the key axis; q (..., T_q, d_k), k (..., T_k, d_k), v (..., T_k, d_v); mask True = keep."
     d_k = q.shape[-1]
@@ -22,14 +23,14 @@ def scaled_dot_product_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, ma
     if mask is not None: scores = np.where(mask, scores, -np.inf)
     return softmax(scores, axis=-1) @ v                  # (..., T_q, d_v)
 
-# %% ../../nbs/03_attention.ipynb #c88f90cc
+# %% ../../nbs/03_attention.ipynb #f2986371
 def causal_mask(T_q: int, T_k: int | None = None) -> np.ndarray:
     "Bool (T_q, T_k): True where query i (at absolute position T_k - T_q + i) may attend to key j."
     T_k = T_q if T_k is None else T_k
     if T_q > T_k: raise ValueError(f"T_q={T_q} queries but only T_k={T_k} keys: the keys must include every query position")
     return np.tril(np.ones((T_q, T_k), dtype=bool), k=T_k - T_q)
 
-# %% ../../nbs/03_attention.ipynb #72d9afa1
+# %% ../../nbs/03_attention.ipynb #dc0b4c70
 from . import positions as scratch_positions
 
 def _check_heads(d_model, n_heads, n_kv_heads):

@@ -5,10 +5,10 @@
 # %% auto #0
 __all__ = ['init_embedding', 'embed']
 
-# %% ../../nbs/02_embeddings.ipynb #49bb5eb6
+# %% ../../nbs/02_embeddings.ipynb #2a4c6a28
 import numpy as np
 
-# %% ../../nbs/02_embeddings.ipynb #af73675a
+# %% ../../nbs/02_embeddings.ipynb #59b4b63c
 def init_embedding(vocab_size: int, d_model: int, rng: np.random.Generator, dtype=np.float32) -> np.ndarray:
     "A (vocab_size, d_model) table of Gaussians with std 1/sqrt(d_model), so each row has norm about 1."
     return (rng.standard_normal((vocab_size, d_model)) / np.sqrt(d_model)).astype(dtype)

@@ -8,7 +8,7 @@ __all__ = ['learned_positions', 'sinusoidal_table', 'rope_angles', 'apply_rope',
 # %% ../../nbs/scratch/00_positions.ipynb #eaaf7ec2
 import numpy as np
 
-# %% ../../nbs/04_positions.ipynb #4fab26e4
+# %% ../../nbs/04_positions.ipynb #63bca665
 def learned_positions(table: np.ndarray, T: int, start: int = 0) -> np.ndarray:
     "Rows start..start+T-1 of a learned (max_seq_len, d_model) position table."
     max_seq_len = table.shape[0]
@@ -18,7 +18,7 @@ def learned_positions(table: np.ndarray, T: int, start: int = 0) -> np.ndarray:
                          f"or use a larger max_seq_len (a learned table has no rows beyond it)")
     return table[start:start + T]  # (T, d_model)
 
-# %% ../../nbs/04_positions.ipynb #5bbfdd59
+# %% ../../nbs/04_positions.ipynb #e10520a2
 def _check_even(name: str, value: int):
     if value % 2: raise ValueError(f"{name}={value} is odd: sin/cos and RoPE work on pairs of dimensions, use an even {name}")
 
@@ -32,7 +32,7 @@ def sinusoidal_table(max_seq_len: int, d_model: int, base: float = 10000.0) -> n
     pe[:, 0::2], pe[:, 1::2] = np.sin(angle), np.cos(angle)
     return pe.astype(np.float32)
 
-# %% ../../nbs/04_positions.ipynb #7c191867
+# %% ../../nbs/04_positions.ipynb #1a682363
 def rope_angles(max_seq_len: int, head_dim: int, base: float = 10000.0, dtype=np.float32):
     "(cos, sin), each (max_seq_len, head_dim // 2), of the angles p * base^(-2k / head_dim)."
     _check_even("head_dim", head_dim)
@@ -57,7 +57,7 @@ def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     out[..., 1::2] = x1 * sin + x2 * cos
     return out
 
-# %% ../../nbs/04_positions.ipynb #51e42af3
+# %% ../../nbs/04_positions.ipynb #15061fda
 def apply_rope_halves(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     "RoPE with split-halves pairing (k, k + head_dim/2), as in Hugging Face Llama."
     _check_rope_shapes(x, cos, sin)
