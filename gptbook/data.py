@@ -136,7 +136,7 @@ def train_val_split(data, val_fraction: float = 0.1):
     n_train = min(max(int(len(data) * (1.0 - val_fraction)), 1), len(data) - 1)
     return data[:n_train], data[n_train:]
 
-# %% ../nbs/07_data.ipynb #4d2e5a7e
+# %% ../nbs/07_data.ipynb #a5d9ac7a
 def encode_to_array(tokenizer, text: str) -> np.ndarray:
     "Encode `text` with `tokenizer` into a 1-D `uint16` array. Example: CharTokenizer('ab') on 'abba' -> [0, 1, 1, 0]"
     if tokenizer.vocab_size > 2**16:
@@ -144,7 +144,7 @@ def encode_to_array(tokenizer, text: str) -> np.ndarray:
                          "use a smaller vocabulary or store the ids as uint32")
     return np.asarray(tokenizer.encode(text), dtype=np.uint16)
 
-# %% ../nbs/07_data.ipynb #2b60a67a
+# %% ../nbs/07_data.ipynb #31d4f7ce
 def save_tokens(ids, path) -> Path:
     "Write `ids` as raw little-endian `uint16` to `path` (atomically: temp file, fsync, rename)."
     path = Path(path)
@@ -172,7 +172,7 @@ def load_tokens(path) -> np.ndarray:
     if path.stat().st_size == 0: return np.zeros(0, dtype=np.uint16)  # np.memmap refuses empty files
     return np.memmap(path, dtype="<u2", mode="r")
 
-# %% ../nbs/07_data.ipynb #105613a7
+# %% ../nbs/07_data.ipynb #add1e904
 def get_batch(data, batch_size: int, context_len: int, generator: torch.Generator | None = None,
               rank: int = 0, world_size: int = 1, device=None) -> tuple[torch.Tensor, torch.Tensor]:
     "Random windows of `data`: inputs `x` and next-token targets `y`, both LongTensor (batch_size, context_len)."
@@ -192,7 +192,7 @@ def get_batch(data, batch_size: int, context_len: int, generator: torch.Generato
     if device is not None: x, y = x.to(device), y.to(device)
     return x, y
 
-# %% ../nbs/07_data.ipynb #66adb2ae
+# %% ../nbs/07_data.ipynb #3e52e2fe
 @dataclass
 class TokenData:
     "A tokenized corpus: training and validation ids (`uint16` arrays) and the tokenizer that made them."
@@ -206,12 +206,12 @@ class TokenData:
     def __repr__(self):
         return f"TokenData(train={len(self.train):,} tokens, val={len(self.val):,} tokens, tokenizer={self.tokenizer!r})"
 
-# %% ../nbs/07_data.ipynb #5538e231
+# %% ../nbs/07_data.ipynb #e7aeb467
 def _read_text(path) -> str:
     "Tiny Shakespeare when `path` is None, else the UTF-8 text file at `path` (any text, no checksum)."
     if path is None: return tiny_shakespeare()
     p = Path(path).expanduser()
-    if not p.is_file(): raise FileNotFoundError(f"No text file at {p}; pass the path of a UTF-8 text file, or None for Tiny Shakespeare")
+    if not p.is_file(): raise FileNotFoundError(f"No text file at {p}; give the path of a UTF-8 text file (or none, for Tiny Shakespeare)")
     return p.read_text(encoding="utf-8")
 
 def _bpe_ids(text: str, vocab_size: int, cache: bool):
