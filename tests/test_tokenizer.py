@@ -1,0 +1,288 @@
+"""gptbook.tokenizer against independent references: the naive loop for the fast trainer's merges,
+tiktoken and HF tokenizers for the ids, plus round trips, the file format and the error messages."""
+import json
+import warnings
+
+import pytest
+import regex
+from hypothesis import given, settings, strategies as st
+
+from gptbook.tokenizer import (GPT2_PATTERN, BPETokenizer, CharTokenizer, apply_merges, bpe_merges, merge_pair,
+                               pretokenize, train_bpe_naive)
+
+tiktoken = pytest.importorskip("tiktoken")
+tokenizers = pytest.importorskip("tokenizers")
+
+# Texts where overlap counting matters (runs of one character) mixed with arbitrary Unicode.
+pieces = st.sampled_from(["a", "aa", "aaa", "b", "ab", " ", "  ", "\n", "\r\n", "é", "🙂", "'s", "1", "语"])
+runs = st.lists(pieces, min_size=1, max_size=40).map("".join)
+texts = st.one_of(st.text(min_size=1, max_size=80), runs)
+EOT = "<|endoftext|>"
+AWKWARD = ["", " ", "a", "hello world!!!? (안녕하세요!) lol123 😉", "naïve café", "e\u0301\u0301 a\u0308",
+           "语言模型 トークン", "a\r\nb\r\n\r\n", " " * 17 + "x", "x" + " " * 9, "1234567890 3.14159 007",
+           "\t\n \u00a0\u2028\u3000", "ÿ\x00\x7f\x1b", "🙂🙂🙂👍🏽👨‍👩‍👧", "'s 're 'll 'S", "aaaaaaaaaaaaaaaaaaaaaaaaa"]
+
+
+def train_quiet(*args, **kwargs):
+    "BPETokenizer.train without the 'ran out of pairs' warning that tiny hypothesis texts trigger."
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return BPETokenizer.train(*args, **kwargs)
+
+
+# ---------------------------------------------------------------- fast trainer == naive loop
+
+@settings(max_examples=50, deadline=None)
+@given(texts, st.integers(256, 330))
+def test_fast_merges_equal_naive_without_pattern(s, vocab_size):
+    tok = train_quiet(s, vocab_size)
+    assert list(tok.merges.items()) == list(train_bpe_naive(s, vocab_size).items())
+
+
+@settings(max_examples=50, deadline=None)
+@given(texts, st.integers(256, 330))
+def test_fast_merges_equal_naive_per_chunk_with_pattern(s, vocab_size):
+    tok = train_quiet(s, vocab_size, pattern=GPT2_PATTERN)
+    chunks = regex.findall(GPT2_PATTERN, s)  # the reference splits with the regex module directly
+    assert list(tok.merges.items()) == list(train_bpe_naive(chunks, vocab_size).items())
+
+
+@pytest.mark.parametrize("s", ["aaaa", "aaaaaaa", "aaa aaaa aaaaa", "abababa", "aabaabaab", "a" * 50 + "b" * 49])
+def test_overlapping_runs(s):
+    for vocab_size in range(257, 268):
+        assert list(train_quiet(s, vocab_size).merges.items()) == list(train_bpe_naive(s, vocab_size).items())
+
+
+def test_merge_counts_are_tokens_saved():
+    # "aaaaaaa": (a, a) counts 6 (zip overlaps) but merges 3 times; then (256, 256) counts 2, merges once.
+    assert bpe_merges([(b"aaaaaaa", 1)], 2) == ([(97, 97), (256, 256)], [3, 1])
+    assert bpe_merges({b"aaa": 10, b"ab": 1}, 1) == ([(97, 97)], [10])
+
+
+@pytest.mark.parametrize("pattern", [None, GPT2_PATTERN])
+def test_20kb_slice_vocab_400(shakespeare, pattern):
+    s = shakespeare[:20_000]
+    tok = BPETokenizer.train(s, 400, pattern=pattern)
+    reference = train_bpe_naive(s if pattern is None else regex.findall(pattern, s), 400)
+    assert len(reference) == 144
+    assert list(tok.merges.items()) == list(reference.items())
+
+
+def test_golden_shakespeare_gpt2_pattern(shakespeare):
+    # Fixed expectations: a change of tie-break or of counting would show here.
+    tok = BPETokenizer.train(shakespeare, 10_000, pattern=GPT2_PATTERN)
+    assert list(tok.merges)[:8] == [(32, 116), (104, 101), (32, 97), (111, 117), (32, 115), (32, 109), (105, 110),
+                                    (32, 119)]
+    ids = tok.encode(shakespeare)
+    assert len(ids) == 312_072  # 3.57 bytes per token
+    assert len(ids) == len(shakespeare.encode()) - sum(tok.merge_counts)  # encoding replays training
+
+
+@pytest.mark.slow
+def test_shakespeare_compression_without_pretokenization(shakespeare):
+    tok = BPETokenizer.train(shakespeare, 10_000)
+    n = len(shakespeare.encode())
+    assert round(n / (n - sum(tok.merge_counts[:744])), 2) == 2.49
+    assert round(n / (n - sum(tok.merge_counts)), 2) == 4.72
+    assert len(tok.encode(shakespeare)) == n - sum(tok.merge_counts)
+
+
+# ---------------------------------------------------------------- pre-tokenization and encoding
+
+@settings(max_examples=60, deadline=None)
+@given(st.one_of(st.text(alphabet=st.characters(max_codepoint=127), max_size=60), runs.filter(str.isascii)))
+def test_ascii_twin_of_gpt2_pattern_agrees_with_regex(s):
+    # pretokenize runs ASCII text through a `re` spelling of the pattern; the reference is `regex` itself.
+    assert pretokenize(s) == regex.findall(GPT2_PATTERN, s)
+    assert pretokenize(s + "é") == regex.findall(GPT2_PATTERN, s + "é")  # non-ASCII: the regex path
+
+
+def test_pretokenize_gpt2_on_shakespeare(shakespeare):
+    assert pretokenize(shakespeare) == regex.findall(GPT2_PATTERN, shakespeare)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.one_of(st.binary(min_size=41, max_size=300), runs.map(str.encode)))
+def test_apply_merges_long_and_short_paths_equal_replay(raw_tok, b):
+    # The reference replays every merge in order with merge_pair, the seed's definition of encoding.
+    merges = raw_tok.merges
+    replay = list(b)
+    for pair, new_id in merges.items(): replay = merge_pair(replay, pair, new_id)
+    assert apply_merges(b, merges) == replay
+    pieces = [b[i:i + 40] for i in range(0, len(b), 40)]  # short path, per piece
+    short = []
+    for p in pieces:
+        r = list(p)
+        for pair, new_id in merges.items(): r = merge_pair(r, pair, new_id)
+        short += r
+    assert [x for p in pieces for x in apply_merges(p, merges)] == short
+
+
+def test_every_token_encodes_to_itself(tok, raw_tok):
+    for t in (tok, raw_tok):
+        n = 256 + len(t.merges)
+        assert [i for i in range(n) if apply_merges(t.vocab[i], t.merges) != [i]] == []
+        assert len({t.vocab[i] for i in range(n)}) == n
+
+
+@settings(max_examples=50, deadline=None)
+@given(texts)
+def test_round_trip(tok, raw_tok, s):
+    for t in (tok, raw_tok):
+        ids = t.encode(s)
+        assert t.decode(ids) == s
+        assert t.decode_bytes(ids) == s.encode("utf-8")
+
+
+def test_partial_utf8_token_decodes_with_replacement(tok):
+    ids = tok.encode("🙂")
+    assert ids == list("🙂".encode())  # never merged in Shakespeare: four byte tokens
+    assert tok.decode(ids[:2]) == "\ufffd" and tok.decode_bytes(ids[:2]) == b"\xf0\x9f"
+
+
+def test_leading_space_is_part_of_the_token(tok):
+    assert tok.encode(" the") != tok.encode("the") and len(tok.encode(" the")) == 1
+
+
+# ---------------------------------------------------------------- tiktoken and HF tokenizers give the same ids
+
+@pytest.fixture(scope="module")
+def split(shakespeare):
+    from gptbook.data import train_val_split
+    return train_val_split(shakespeare)
+
+
+@pytest.fixture(scope="module")
+def tok(split):
+    return BPETokenizer.train(split[0], 10_000, pattern=GPT2_PATTERN, special_tokens=[EOT])
+
+
+@pytest.fixture(scope="module")
+def raw_tok(split):
+    return BPETokenizer.train(split[0][:100_000], 1_000)  # no pre-tokenization
+
+
+def test_tiktoken_and_hf_ids_on_validation_split(tok, split):
+    val = split[1]
+    ours = tok.encode(val)
+    assert tok.to_tiktoken().encode_ordinary(val) == ours
+    assert tok.to_hf().encode(val).ids == ours
+    assert len(ours) < len(val) / 3  # sanity: a real compression, not bytes
+
+
+def test_tiktoken_and_hf_ids_without_pretokenization(raw_tok, split):
+    val = split[1][:20_000]  # one chunk: keep it short for tiktoken's per-chunk merge loop
+    ours = raw_tok.encode(val)
+    assert raw_tok.to_tiktoken().encode_ordinary(val) == ours
+    assert raw_tok.to_hf().encode(val).ids == ours
+
+
+@pytest.fixture(scope="module")
+def converted(tok, raw_tok):
+    "Each tokenizer with its tiktoken and HF twins, built once."
+    return [(t, t.to_tiktoken(), t.to_hf()) for t in (tok, raw_tok)]
+
+
+@pytest.mark.parametrize("s", AWKWARD)
+def test_tiktoken_and_hf_ids_on_awkward_strings(converted, s):
+    for t, tt, hf in converted:
+        ours = t.encode(s)
+        assert tt.encode_ordinary(s) == ours
+        assert hf.encode(s).ids == ours
+        assert t.decode(ours) == s
+        assert hf.decode(ours) == s
+
+
+def test_special_tokens_follow_tiktoken(tok):
+    tt = tok.to_tiktoken()
+    s = f"Speak.{EOT}ROMEO:{EOT}"
+    assert tok.vocab_size == 10_000 and tok.special_tokens == {EOT: 9_999}
+    assert tok.encode(s, allowed_special="all") == tt.encode(s, allowed_special="all")
+    assert tok.encode(s, allowed_special={EOT}).count(9_999) == 2
+    assert tok.encode(s, disallowed_special=()) == tt.encode(s, disallowed_special=()) == tok.encode_ordinary(s)
+    assert 9_999 not in tok.encode_ordinary(s)
+    with pytest.raises(ValueError, match="special token"): tt.encode(s)  # tiktoken refuses too
+    with pytest.raises(ValueError, match=r"special token '<\|endoftext\|>' at position 6"): tok.encode(s)
+    with pytest.raises(ValueError, match="not special tokens"): tok.encode(s, allowed_special={"<|pad|>"})
+    assert tok.decode(tok.encode(s, allowed_special="all")) == s
+    assert tok.to_hf().encode(s).ids == tok.encode(s, allowed_special="all")
+
+
+# ---------------------------------------------------------------- save / load
+
+def test_save_load_round_trip(tok, split, tmp_path):
+    tok.save(tmp_path / "tok.json")
+    d = json.loads((tmp_path / "tok.json").read_text(encoding="utf-8"))  # plain JSON, readable
+    assert d["type"] == "bpe" and d["version"] == 1 and d["pattern"] == GPT2_PATTERN
+    assert d["special_tokens"] == {EOT: 9_999} and d["merges"][0] == [32, 116, " t"]
+    back = BPETokenizer.load(tmp_path / "tok.json")
+    assert back.merges == tok.merges and list(back.merges) == list(tok.merges)
+    assert back.vocab == tok.vocab and back.pattern == tok.pattern and back.special_tokens == tok.special_tokens
+    sample = split[1][:5000] + EOT
+    assert back.encode(sample, allowed_special="all") == tok.encode(sample, allowed_special="all")
+
+
+def test_save_load_without_pattern(raw_tok, tmp_path):
+    raw_tok.save(tmp_path / "raw.json")
+    back = BPETokenizer.load(tmp_path / "raw.json")
+    assert back.pattern is None and list(back.merges.items()) == list(raw_tok.merges.items())
+    assert back.encode(AWKWARD[3]) == raw_tok.encode(AWKWARD[3])
+
+
+def test_load_errors(tok, tmp_path):
+    CharTokenizer.train("abc").save(tmp_path / "char.json")
+    with pytest.raises(ValueError, match="use CharTokenizer.load"): BPETokenizer.load(tmp_path / "char.json")
+    tok.save(tmp_path / "tok.json")
+    d = json.loads((tmp_path / "tok.json").read_text(encoding="utf-8"))
+    d["merges"][5][2] = "zz"
+    (tmp_path / "edited.json").write_text(json.dumps(d), encoding="utf-8")
+    with pytest.raises(ValueError, match="merge 5"): BPETokenizer.load(tmp_path / "edited.json")
+    d["merges"][5][2], d["merges"][5][0] = "anything", 9_000  # refers to an id that does not exist yet
+    (tmp_path / "edited.json").write_text(json.dumps(d), encoding="utf-8")
+    with pytest.raises(ValueError, match="existing ids"): BPETokenizer.load(tmp_path / "edited.json")
+    d = dict(type="bpe", version=2, merges=[])
+    (tmp_path / "v2.json").write_text(json.dumps(d), encoding="utf-8")
+    with pytest.raises(ValueError, match="version"): BPETokenizer.load(tmp_path / "v2.json")
+
+
+# ---------------------------------------------------------------- errors
+
+def test_training_errors():
+    with pytest.raises(ValueError, match="at least 256"): BPETokenizer.train("hello", 255)
+    with pytest.raises(ValueError, match="at least 257"): BPETokenizer.train("hello", 256, special_tokens=[EOT])
+    with pytest.raises(TypeError, match="must be an int"): BPETokenizer.train("hello", 300.0)
+    with pytest.raises(TypeError, match="must be an int"): BPETokenizer.train("hello", True)
+    with pytest.raises(ValueError, match="empty"): BPETokenizer.train("", 300)
+    with pytest.raises(TypeError, match="expects a str"): BPETokenizer.train(b"hello", 300)
+    with pytest.raises(ValueError, match="lone surrogate"): BPETokenizer.train("a\ud800b", 300)
+    with pytest.raises(ValueError, match="does not match"): BPETokenizer.train("ab cd", 300, pattern=r"\w+")
+    with pytest.raises(ValueError, match="at least 256"): train_bpe_naive("hello", 10)
+    with pytest.warns(UserWarning, match="ran out of pairs"): BPETokenizer.train("abc", 300)
+
+
+def test_encode_decode_errors(tok):
+    with pytest.raises(TypeError, match="expects a str"): tok.encode(b"bytes")
+    with pytest.raises(TypeError, match="expects a str"): tok.encode_ordinary(None)
+    with pytest.raises(ValueError, match="position 2"): tok.encode("ab\udc80")
+    with pytest.raises(ValueError, match="id 10000 is not in"): tok.decode([1, 10_000])
+    with pytest.raises(ValueError, match="id -1 is not in"): tok.decode([-1])
+    with pytest.raises(TypeError, match=r"decode\(\[id\]\)"): tok.decode(5)
+    with pytest.raises(TypeError): tok.decode(["a"])
+    with pytest.raises(ValueError, match="does not match"): pretokenize("ab cd", r"\w+")
+
+
+# ---------------------------------------------------------------- characters
+
+def test_char_tokenizer(tmp_path):
+    ct = CharTokenizer.train("hello world")
+    assert ct.chars == sorted(set("hello world")) and ct.vocab_size == 8
+    assert ct.decode(ct.encode("hello")) == "hello"
+    ct.save(tmp_path / "c.json")
+    assert json.loads((tmp_path / "c.json").read_text(encoding="utf-8")) == {"type": "char", "chars": ct.chars}
+    assert CharTokenizer.load(tmp_path / "c.json").chars == ct.chars
+    with pytest.raises(ValueError, match="'z' at position 3"): ct.encode("helz")
+    with pytest.raises(ValueError, match="not a valid"): ct.decode([8])
+    with pytest.raises(ValueError, match="empty"): CharTokenizer.train("")
+    with pytest.raises(TypeError, match="str"): CharTokenizer.train(["a"])
+    BPETokenizer.train("abcabc", 257).save(tmp_path / "b.json")
+    with pytest.raises(ValueError, match="use BPETokenizer.load"): CharTokenizer.load(tmp_path / "b.json")
