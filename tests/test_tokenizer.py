@@ -134,6 +134,13 @@ def test_round_trip(tok, raw_tok, s):
         assert t.decode_bytes(ids) == s.encode("utf-8")
 
 
+def test_decode_accepts_numpy_and_torch_ids(tok):
+    np = pytest.importorskip("numpy")
+    torch = pytest.importorskip("torch")
+    ids = tok.encode("To be, or not to be")
+    assert tok.decode(np.array(ids, dtype=np.uint16)) == tok.decode(torch.tensor(ids)) == "To be, or not to be"
+
+
 def test_partial_utf8_token_decodes_with_replacement(tok):
     ids = tok.encode("🙂")
     assert ids == list("🙂".encode())  # never merged in Shakespeare: four byte tokens
