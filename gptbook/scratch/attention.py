@@ -19,7 +19,8 @@ def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
 def scaled_dot_product_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
     "softmax(q k^T / sqrt(d_k)) v over the key axis; q (..., T_q, d_k), k (..., T_k, d_k), v (..., T_k, d_v); mask True = keep."
     d_k = q.shape[-1]
-    scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(d_k)  # (..., T_q, T_k)
+    # a Python float keeps float32 inputs float32 (a NumPy float64 scalar would upcast under NumPy 2)
+    scores = q @ np.swapaxes(k, -1, -2) / d_k ** 0.5  # (..., T_q, T_k)
     if mask is not None: scores = np.where(mask, scores, -np.inf)
     return softmax(scores, axis=-1) @ v                  # (..., T_q, d_v)
 
