@@ -1,0 +1,156 @@
+"""The `gptbook` command: help, one-line errors, train -> sample end to end, resume, sampling options."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gptbook.cli import build_parser, main
+from gptbook.train import load_checkpoint, read_metrics
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--n-layers", "1", "--n-heads", "2", "--d-model", "32", "--max-seq-len", "32", "--batch-size", "4",
+        "--eval-iters", "2", "--no-progress"]
+
+
+def run_cli(*argv, timeout=300):
+    "Run `python -m gptbook *argv` in a fresh process (the way a user does)."
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "gptbook", *map(str, argv)], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=ROOT)
+
+
+def call(capsys, *argv):
+    "Run `main(argv)` in this process; returns (status, stdout, stderr)."
+    try:
+        status = main([str(a) for a in argv])
+    except SystemExit as e:
+        status = e.code
+    out = capsys.readouterr()
+    return status, out.out, out.err
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, shakespeare_path):
+    "A tiny model trained for 20 steps by the real command, in a subprocess."
+    out = tmp_path_factory.mktemp("cli") / "run"
+    r = run_cli("train", "--out", out, "--max-iters", 20, "--eval-interval", 10, "--sample-tokens", 50, *TINY)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out, r
+
+
+def test_help_lists_every_flag(capsys):
+    status, out, _ = call(capsys, "train", "--help")
+    assert status == 0
+    for flag in ["--data", "--tokenizer", "--bpe-vocab-size", "--preset", "--n-layers", "--n-heads", "--d-model",
+                 "--max-seq-len", "--dropout", "--max-iters", "--batch-size", "--grad-accum", "--lr", "--warmup-iters",
+                 "--device", "--dtype", "--compile", "--out", "--resume", "--seed", "--eval-interval", "--eval-iters"]:
+        assert flag in out, flag
+    assert "(default: 2000)" in out and "(default: 12)" in out     # the baby run's defaults are shown
+    status, out, _ = call(capsys, "sample", "--help")
+    for flag in ["--out", "--prompt", "--max-new-tokens", "--temperature", "--top-p", "--top-k", "--seed",
+                 "--num-samples", "--stream", "--device"]:
+        assert flag in out, flag
+    assert "0.8" in out and "0.9" in out
+
+
+def test_no_command_prints_help(capsys):
+    status, out, _ = call(capsys)
+    assert status == 2 and "train" in out and "sample" in out
+
+
+@pytest.mark.parametrize("argv, status, text", [
+    (["train", "--max-iterz", "5"], 2, "unrecognized arguments: --max-iterz"),
+    (["train", "--lr", "fast"], 2, "invalid float value: 'fast'"),
+    (["train", "--tokenizer", "words"], 2, "invalid choice: 'words'"),
+    (["train", "--batch-size", "0"], 1, "batch_size must be at least 1"),
+    (["train", "--data", "/no/such/file.txt"], 1, "No text file at /no/such/file.txt"),
+    (["train", "--preset", "baby", "--n-layerz", "1"], 2, "unrecognized arguments"),
+    (["train", "--dtype", "float16"], 2, "invalid choice: 'float16'"),
+    (["sample", "--out", "/no/such/run"], 1, "/no/such/run does not exist"),
+    (["frobnicate"], 2, "invalid choice: 'frobnicate'"),
+])
+def test_bad_input_is_one_line(capsys, argv, status, text):
+    got, out, err = call(capsys, *argv)
+    assert got == status
+    assert len(err.strip().splitlines()) == 1 and text in err and "Traceback" not in err
+
+
+def test_errors_from_a_real_process_are_one_line(tmp_path):
+    r = run_cli("sample", "--out", tmp_path / "missing")
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr.strip().splitlines() == [r.stderr.strip()] and "gptbook train --out" in r.stderr
+
+
+@pytest.mark.slow
+def test_console_script_is_installed():
+    exe = Path(sys.executable).parent / "gptbook"
+    if not exe.exists():
+        pytest.skip("the gptbook console script is installed by `pip install -e .`")
+    r = subprocess.run([str(exe), "--help"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "train" in r.stdout and "sample" in r.stdout
+
+
+def test_train_then_sample_end_to_end(run_dir):
+    out, r = run_dir
+    recs = read_metrics(out)
+    assert [x["iter"] for x in recs] == [0, 10, 20]
+    assert "a sample from the model at step 20" in r.stdout and "gptbook sample --out" in r.stdout
+    assert load_checkpoint(out).iter == 20
+    s = run_cli("sample", "--out", out, "--prompt", "ROMEO:", "--max-new-tokens", 30, "--seed", 1)
+    assert s.returncode == 0, s.stderr[-2000:]
+    assert s.stdout.startswith("ROMEO:") and len(s.stdout.rstrip("\n")) == len("ROMEO:") + 30
+
+
+def test_sample_options(run_dir, capsys):
+    out, _ = run_dir
+    base = ["sample", "--out", out, "--prompt", "KING", "--max-new-tokens", 25, "--device", "cpu"]
+    s1, a, _ = call(capsys, *base, "--seed", 3)
+    s2, b, _ = call(capsys, *base, "--seed", 3)
+    s3, c, _ = call(capsys, *base, "--seed", 4)
+    assert s1 == s2 == s3 == 0 and a == b and a != c
+    # greedy decoding ignores the seed
+    assert call(capsys, *base, "--temperature", 0, "--seed", 1)[1] == call(capsys, *base, "--temperature", 0, "--seed", 2)[1]
+    status, text, _ = call(capsys, *base, "--num-samples", 3, "--seed", 1, "--top-k", 5, "--top-p", 1.0)
+    assert status == 0 and text.count("---------------") == 2 and text.count("KING") >= 3
+    status, streamed, _ = call(capsys, *base, "--seed", 3, "--stream")
+    assert status == 0 and streamed == a        # streaming prints the same text, piece by piece
+
+
+@pytest.mark.parametrize("argv, text", [
+    (["--temperature", "-1"], "temperature"),
+    (["--top-p", "1.5"], "top_p"),
+    (["--top-k", "0"], "top_k"),
+    (["--prompt", ""], "prompt"),
+    (["--prompt", "日本"], "not in this CharTokenizer's vocabulary"),
+    (["--num-samples", "0"], "--num-samples"),
+])
+def test_bad_sampling_options_are_one_line(run_dir, capsys, argv, text):
+    out, _ = run_dir
+    status, _, err = call(capsys, "sample", "--out", out, "--max-new-tokens", 5, *argv)
+    assert status == 1 and len(err.strip().splitlines()) == 1 and text in err
+
+
+def test_resume_extends_a_run(tmp_path, capsys, shakespeare_path):
+    out = tmp_path / "run"
+    status, _, err = call(capsys, "train", "--out", out, "--max-iters", 10, "--eval-interval", 5, "--sample-tokens", 0, *TINY)
+    assert status == 0, err
+    status, stdout, err = call(capsys, "train", "--out", out, "--resume", "--max-iters", 15, "--no-progress",
+                               "--sample-tokens", 0)
+    assert status == 0, err
+    assert [r["iter"] for r in read_metrics(out)] == [0, 5, 10, 15] and "step 15" in stdout
+    ck = load_checkpoint(out)
+    assert ck.iter == 15 and ck.model_config.n_layers == 1 and ck.train_config.max_iters == 15
+    status, _, err = call(capsys, "train", "--out", out, "--resume", "--d-model", "64")
+    assert status == 1 and "--d-model" in err and len(err.strip().splitlines()) == 1
+    status, _, err = call(capsys, "train", "--out", tmp_path / "nothing", "--resume")
+    assert status == 1 and "gptbook train --out" in err
+
+
+def test_parser_maps_flags_to_configs():
+    from gptbook.cli import config_from_args
+    args = build_parser().parse_args(["train", "--n-layers", "2", "--no-bias", "--lr", "3e-4", "--out", "x", "--data", "t.txt"])
+    cfg, resume = config_from_args(args)
+    assert not resume and cfg.model_overrides == {"n_layers": 2, "bias": False}
+    assert (cfg.lr, cfg.out_dir, cfg.data_path, cfg.max_iters) == (3e-4, "x", "t.txt", 2000)

@@ -1,0 +1,374 @@
+"""gptbook.train and the token data of gptbook.data: schedule, AdamW groups, batches, checkpoints
+(atomic, pickle-free, bit-exact resume), NaN handling, metrics."""
+import dataclasses
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+from hypothesis import given, settings, strategies as st
+
+from gptbook.data import TokenData, get_batch, load_token_data, load_tokens, save_tokens
+from gptbook.model import GPT, GPTConfig
+from gptbook.tokenizer import CharTokenizer
+from gptbook.train import (CKPT_FILES, Trainer, TrainConfig, TrainingDiverged, list_checkpoints, load_checkpoint,
+                           lm_loss, lr_at, make_optimizer, model_config_for, param_groups, read_metrics,
+                           save_checkpoint, train)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def chars(shakespeare):
+    return load_token_data("char")
+
+
+def tiny_config(vocab_size=65, **kw):
+    "A one-layer model: enough to exercise every code path in milliseconds."
+    return dataclasses.replace(GPTConfig.baby(vocab_size), **{"n_layers": 1, "n_heads": 2, "d_model": 32,
+                                                             "max_seq_len": 16, **kw})
+
+
+def tiny_cfg(out_dir, **kw):
+    return TrainConfig(**{"out_dir": str(out_dir), "progress": False, "warmup_iters": 3, "lr": 3e-3,
+                          "batch_size": 4, "eval_iters": 2, "eval_interval": 5, "max_iters": 20, **kw})
+
+
+def new_trainer(data, cfg, config, seed=None):
+    "Build a Trainer the way `train` does (same seeding), without running it."
+    torch.manual_seed(cfg.seed if seed is None else seed)
+    model = GPT(config)
+    torch.manual_seed(cfg.seed)
+    return Trainer(model, data, cfg, config)
+
+
+# --- token data --------------------------------------------------------------------------------
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(2, 300), B=st.integers(1, 6), T=st.integers(1, 40), seed=st.integers(0, 2**31))
+def test_get_batch_windows(n, B, T, seed):
+    "Each row of x is a window of the data, y is the same window one position later; too-short data raises."
+    data = np.random.default_rng(seed).integers(0, 500, n).astype(np.uint16)
+    g = torch.Generator().manual_seed(seed)
+    if n < T + 1:
+        with pytest.raises(ValueError, match="context_len"):
+            get_batch(data, B, T, g)
+        return
+    x, y = get_batch(data, B, T, g)
+    assert x.shape == y.shape == (B, T) and x.dtype == y.dtype == torch.int64
+    for row_x, row_y in zip(x.numpy(), y.numpy()):
+        starts = [s for s in range(n - T) if (data[s:s + T] == row_x).all() and (data[s + 1:s + T + 1] == row_y).all()]
+        assert starts, "a row is not a window of the data"
+
+
+@settings(max_examples=25, deadline=None)
+@given(world=st.integers(1, 4), B=st.integers(1, 5), seed=st.integers(0, 2**31))
+def test_get_batch_ranks_partition_the_global_batch(world, B, seed):
+    data = np.arange(1000, dtype=np.uint16)
+    full = get_batch(data, world * B, 8, torch.Generator().manual_seed(seed))[0]
+    parts = [get_batch(data, B, 8, torch.Generator().manual_seed(seed), rank=r, world_size=world)[0] for r in range(world)]
+    assert torch.equal(torch.cat(parts), full)
+
+
+def test_get_batch_is_reproducible_and_rejects_bad_rank():
+    data = np.arange(500, dtype=np.uint16)
+    a = get_batch(data, 4, 8, torch.Generator().manual_seed(3))[0]
+    b = get_batch(data, 4, 8, torch.Generator().manual_seed(3))[0]
+    c = get_batch(data, 4, 8, torch.Generator().manual_seed(4))[0]
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    with pytest.raises(ValueError, match="rank"):
+        get_batch(data, 4, 8, rank=2, world_size=2)
+
+
+def test_tokens_file_roundtrip(tmp_path):
+    ids = np.random.default_rng(0).integers(0, 2**16, 1001)
+    p = save_tokens(ids, tmp_path / "t.bin")
+    assert p.read_bytes() == ids.astype("<u2").tobytes()    # raw uint16, no header (nanoGPT's .bin format)
+    m = load_tokens(p)
+    assert isinstance(m, np.memmap) and m.dtype == np.uint16 and (m == ids).all()
+    with pytest.raises(ValueError, match="uint16"):
+        save_tokens([-1, 3], tmp_path / "bad.bin")
+    assert not (tmp_path / "bad.bin").exists()
+
+
+def test_load_token_data_char(chars, shakespeare):
+    n_train = int(len(shakespeare) * 0.9)
+    assert chars.vocab_size == 65 and chars.train.dtype == np.uint16
+    assert len(chars.train) == n_train and len(chars.val) == len(shakespeare) - n_train
+    assert chars.tokenizer.decode(chars.val[:100]) == shakespeare[n_train:n_train + 100]
+    # an explicit tokenizer object (what a resumed run passes) gives the same ids
+    again = load_token_data(chars.tokenizer)
+    assert (again.train == chars.train).all()
+
+
+def test_load_token_data_from_path(tmp_path):
+    f = tmp_path / "t.txt"
+    f.write_text("abcabcabcd" * 10, encoding="utf-8")
+    d = load_token_data("char", path=f)
+    assert d.vocab_size == 4 and len(d.train) == 90
+    with pytest.raises(FileNotFoundError, match="No text file"):
+        load_token_data("char", path=tmp_path / "missing.txt")
+
+
+@pytest.mark.slow
+def test_load_token_data_bpe_is_cached(tmp_path, monkeypatch, shakespeare):
+    from gptbook.tokenizer import BPETokenizer
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    text = shakespeare[:20_000]
+    f = tmp_path / "t.txt"
+    f.write_text(text, encoding="utf-8")
+    a = load_token_data("bpe", vocab_size=300, path=f)
+    assert isinstance(a.tokenizer, BPETokenizer) and a.vocab_size <= 300
+    assert a.tokenizer.decode(list(a.train) + list(a.val)) == text
+    cached = sorted(p.name for p in (tmp_path / "cache" / "gptbook" / "tokens").iterdir())
+    assert [p.rsplit(".", 1)[1] for p in cached] == ["bin", "json"]
+    b = load_token_data("bpe", vocab_size=300, path=f)
+    assert isinstance(b.train, np.memmap) and (np.asarray(b.train) == np.asarray(a.train)).all()
+
+
+# --- loss, schedule, optimizer -------------------------------------------------------------------
+
+def test_lm_loss_matches_numpy():
+    rng = np.random.default_rng(0)
+    logits, targets = rng.normal(size=(2, 5, 7)), rng.integers(0, 7, (2, 5))
+    z = logits - logits.max(-1, keepdims=True)
+    logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
+    expected = -np.take_along_axis(logp, targets[..., None], -1).mean()
+    got = lm_loss(torch.tensor(logits, dtype=torch.float32), torch.tensor(targets))
+    assert got.item() == pytest.approx(expected, rel=1e-5)
+
+
+@settings(max_examples=50, deadline=None)
+@given(warmup=st.integers(0, 200), extra=st.integers(1, 3000), max_lr=st.floats(1e-5, 1.0), ratio=st.floats(0.0, 1.0))
+def test_lr_schedule_shape(warmup, extra, max_lr, ratio):
+    N, min_lr = warmup + extra, max_lr * ratio
+    lrs = [lr_at(t, max_lr, warmup, N, min_lr) for t in range(N + 5)]
+    # warmup: linear from max_lr / W up to max_lr
+    for t in range(warmup):
+        assert lrs[t] == pytest.approx(max_lr * (t + 1) / warmup)
+    # decay: starts at the peak, never increases, ends at min_lr, and stays there
+    if warmup < N:
+        assert lrs[warmup] == pytest.approx(max_lr)
+    assert all(a >= b - 1e-15 for a, b in zip(lrs[warmup:], lrs[warmup + 1:]))
+    assert all(v == pytest.approx(min_lr) for v in lrs[N:])
+    assert all(0 < v <= max_lr + 1e-12 for v in lrs[:warmup])
+    assert all(min_lr - 1e-12 <= v <= max_lr + 1e-12 for v in lrs[warmup:])
+    # half-way through the decay the cosine is exactly half-way between the two rates
+    if (N - warmup) % 2 == 0:
+        assert lrs[warmup + (N - warmup) // 2] == pytest.approx((max_lr + min_lr) / 2)
+
+
+def test_param_groups_cover_every_parameter_once():
+    for config in (GPTConfig.baby(65), dataclasses.replace(GPTConfig.baby(65), tie_weights=False)):
+        model = GPT(config)
+        decay, rest = param_groups(model, 0.1)
+        ids = [id(p) for g in (decay, rest) for p in g["params"]]
+        assert len(ids) == len(set(ids)) == len({id(p) for p in model.parameters()})
+        assert decay["weight_decay"] == 0.1 and rest["weight_decay"] == 0.0
+        assert all(p.dim() == 2 for p in decay["params"])
+        embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+        assert embeddings and not embeddings & {id(p) for p in decay["params"]}
+        linear = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)} - embeddings
+        assert linear == {id(p) for p in decay["params"]}
+
+
+def test_adamw_decays_exactly_the_decay_group():
+    "With zero gradients AdamW's only effect is the decay: decayed weights shrink by (1 - lr * wd), others stay."
+    model = GPT(tiny_config(bias=True))
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    decayed = {id(p) for p in param_groups(model, 0.1)[0]["params"]}
+    opt = make_optimizer(model, lr=0.5, weight_decay=0.1)
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    for n, p in model.named_parameters():
+        factor = (1 - 0.5 * 0.1) if id(p) in decayed else 1.0
+        torch.testing.assert_close(p.detach(), before[n] * factor, msg=n)
+
+
+def test_model_config_for_presets():
+    assert model_config_for("baby", 65) == GPTConfig.baby(65)
+    assert model_config_for("gpt2-small", 100).vocab_size == 100
+    with pytest.raises(ValueError, match="n_layerz"):
+        model_config_for("baby", 65, n_layerz=3)
+
+
+def test_train_config_validates_and_roundtrips():
+    cfg = TrainConfig(max_iters=7, model_overrides={"n_layers": 2})
+    assert TrainConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+    for bad in ({"batch_size": 0}, {"lr": 0.0}, {"tokenizer": "words"}, {"max_iters": -1}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            TrainConfig(**bad)
+
+
+# --- the loop ------------------------------------------------------------------------------------
+
+def test_grad_accum_equals_one_big_batch(chars, tmp_path):
+    a = new_trainer(chars, tiny_cfg(tmp_path / "a", batch_size=8), tiny_config())
+    b = new_trainer(chars, tiny_cfg(tmp_path / "b", batch_size=2, grad_accum=4), tiny_config())
+    for _ in range(3):
+        sa, sb = a.train_step(), b.train_step()
+        assert sa["loss"] == pytest.approx(sb["loss"], abs=1e-5)
+    for p, q in zip(a.raw_model.parameters(), b.raw_model.parameters()):
+        torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-4)
+
+
+def test_metrics_and_checkpoint_files(chars, tmp_path):
+    t = new_trainer(chars, tiny_cfg(tmp_path, keep_last=2), tiny_config())
+    t.fit()
+    recs = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["iter"] for r in recs] == [0, 5, 10, 15, 20]
+    for r in recs:
+        assert {"iter", "train_loss", "val_loss", "lr", "tokens_per_sec", "grad_norm"} <= set(r)
+        assert all(isinstance(r[k], float) for k in ("train_loss", "val_loss", "lr", "tokens_per_sec"))
+    assert all(r["tokens_per_sec"] > 0 and r["grad_norm"] > 0 for r in recs[1:])
+    assert recs[-1]["val_loss"] < recs[0]["val_loss"]
+    assert recs[0]["train_loss"] == pytest.approx(math.log(65), abs=0.3)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["ckpt_0000015", "ckpt_0000020"]
+    folder = list_checkpoints(tmp_path)[-1]
+    assert sorted(p.name for p in folder.iterdir()) == sorted(CKPT_FILES + ("tokenizer.json",))
+    # nothing in a checkpoint is a pickle: safetensors (8-byte header length, then JSON) and JSON only
+    for f in folder.iterdir():
+        head = f.read_bytes()[:16]
+        assert not head.startswith(b"\x80"), f"{f.name} looks like a pickle"
+        if f.suffix == ".json":
+            json.loads(f.read_text())
+        else:
+            n = int.from_bytes(head[:8], "little")
+            json.loads(f.read_bytes()[8:8 + n])
+    ck = load_checkpoint(tmp_path)
+    assert ck.iter == 20 and not ck.model.training and isinstance(ck.tokenizer, CharTokenizer)
+    x = torch.randint(0, 65, (2, 16))
+    torch.testing.assert_close(ck.model(x), t.raw_model.eval()(x))
+
+
+def test_bit_exact_resume(chars, tmp_path):
+    "k steps + save + (kill) + resume + (N - k) steps == N straight steps: identical weights and losses, on CPU."
+    config = tiny_config(dropout=0.1)   # dropout makes the torch RNG state matter too
+    cfg = dict(max_iters=24, eval_interval=6, grad_accum=2)
+    straight = new_trainer(chars, tiny_cfg(tmp_path / "straight", **cfg), config)
+    straight.fit()
+    first = new_trainer(chars, tiny_cfg(tmp_path / "resumed", **cfg), config)
+    first.fit(stop_at=12)
+    torch.manual_seed(999)    # anything the new process does before loading must not matter
+    np.random.seed(5)
+    rest = train(tiny_cfg(tmp_path / "resumed", **cfg), resume=True, data=chars)
+    assert first.step_losses + rest.step_losses == straight.step_losses
+    for (name, p), q in zip(straight.raw_model.state_dict().items(), rest.raw_model.state_dict().values()):
+        assert torch.equal(p, q), name
+    opt_a, opt_b = straight.optimizer.state_dict(), rest.optimizer.state_dict()
+    assert opt_a["param_groups"] == opt_b["param_groups"]
+    assert opt_a["state"].keys() == opt_b["state"].keys()
+    for i, s in opt_a["state"].items():
+        assert s.keys() == opt_b["state"][i].keys() and all(torch.equal(v, opt_b["state"][i][k]) for k, v in s.items()), i
+    strip = lambda recs: [(r["iter"], r["train_loss"], r["val_loss"], r["lr"]) for r in recs]
+    assert strip(read_metrics(tmp_path / "resumed")) == strip(read_metrics(tmp_path / "straight"))
+
+
+def test_resume_trims_metrics_past_the_checkpoint(chars, tmp_path):
+    t = new_trainer(chars, tiny_cfg(tmp_path, max_iters=10), tiny_config())
+    t.fit()
+    # a record of a step that was never checkpointed, as a run killed after logging would leave
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({**read_metrics(tmp_path)[-1], "iter": 15}) + "\n")
+    t2 = new_trainer(chars, tiny_cfg(tmp_path, max_iters=10), tiny_config())
+    t2.load(tmp_path)
+    assert [r["iter"] for r in read_metrics(tmp_path)] == [0, 5, 10]
+
+
+def test_fresh_run_clears_an_old_one(chars, tmp_path):
+    new_trainer(chars, tiny_cfg(tmp_path, max_iters=10), tiny_config()).fit()
+    train(tiny_cfg(tmp_path, max_iters=5, model_overrides={"n_layers": 1, "n_heads": 2, "d_model": 32, "max_seq_len": 16}),
+          data=chars)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["ckpt_0000005"]
+    assert [r["iter"] for r in read_metrics(tmp_path)] == [0, 5]
+
+
+def test_nan_stops_the_run_and_keeps_the_last_good_checkpoint(chars, tmp_path):
+    t = new_trainer(chars, tiny_cfg(tmp_path, eval_interval=4), tiny_config())
+    calls = {"n": 0}
+
+    def poison(module, inputs, output):   # from the 7th training forward on (step 6), the logits are NaN
+        if not module.training:
+            return output
+        calls["n"] += 1
+        return output * float("nan") if calls["n"] > 6 else output
+    t.raw_model.register_forward_hook(poison)
+    before = {k: v.clone() for k, v in t.raw_model.state_dict().items()}
+    with pytest.raises(TrainingDiverged, match=r"at step (\d+)") as e:
+        t.fit()
+    step = t.iter
+    assert f"at step {step}" in str(e.value) and "ckpt_0000004" in str(e.value)
+    assert step == 6
+    ck = load_checkpoint(tmp_path)
+    assert ck.iter == 4 and all(torch.isfinite(v).all() for v in ck.model.state_dict().values())
+    assert all(torch.isfinite(p).all() for p in t.raw_model.parameters())   # the NaN step was never applied
+    assert any(not torch.equal(before[k], v) for k, v in t.raw_model.state_dict().items())
+
+
+def test_missing_checkpoint_message(tmp_path):
+    with pytest.raises(FileNotFoundError, match="gptbook train --out"):
+        load_checkpoint(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        load_checkpoint(tmp_path / "empty")
+
+
+# --- atomic checkpoints: kill a process in the middle of a save -----------------------------------
+
+_SAVER = textwrap.dedent("""
+    import sys, time, shutil, torch
+    import gptbook.train as T
+    from gptbook.model import GPT, GPTConfig
+    out = sys.argv[1]
+    real_fsync, real_rmtree = T._fsync_file, shutil.rmtree
+    def slow_fsync(p): time.sleep(0.04); real_fsync(p)           # widen the window of every save phase
+    def slow_rmtree(p, **kw): time.sleep(0.1); real_rmtree(p, **kw)
+    T._fsync_file, T.shutil.rmtree = slow_fsync, slow_rmtree
+    torch.manual_seed(0)
+    config = GPTConfig.baby(65)
+    model = GPT(config)
+    opt = T.make_optimizer(model)
+    i = 0
+    while True:
+        i += 1
+        with torch.no_grad():
+            for p in model.parameters(): p.fill_(float(i))          # step i's weights are all equal to i
+        print("begin", i, flush=True)
+        T.save_checkpoint(out, i, model, opt, torch.Generator(), None, config, None)
+        print("done", i, flush=True)
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("delay", [0.03, 0.15, 0.27])
+def test_kill_during_save_leaves_a_loadable_checkpoint(tmp_path, delay):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-c", _SAVER, str(tmp_path)], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        for line in proc.stdout:        # wait until save 2 is complete and save 3 has begun
+            if line.split() == ["begin", "3"]:
+                break
+        time.sleep(delay)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    ck = load_checkpoint(tmp_path)
+    assert ck.iter in (2, 3)
+    assert all(torch.all(v == ck.iter) for v in ck.model.state_dict().values())
+    for folder in list_checkpoints(tmp_path):       # every folder named ckpt_* is complete
+        assert all((folder / f).is_file() for f in CKPT_FILES)
+    # the next save cleans up what the killed one left behind
+    save_checkpoint(tmp_path, 4, ck.model, keep_last=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt_0000004"]
