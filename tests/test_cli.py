@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from gptbook.cli import build_parser, main
 from gptbook.train import load_checkpoint, read_metrics
@@ -12,6 +13,15 @@ from gptbook.train import load_checkpoint, read_metrics
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--n-layers", "1", "--n-heads", "2", "--d-model", "32", "--max-seq-len", "32", "--batch-size", "4",
         "--eval-iters", "2", "--no-progress"]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    "Tiny models run fastest on one thread, and a second thread only hurts when the machine is busy; restored after."
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 def run_cli(*argv, timeout=300):
