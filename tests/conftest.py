@@ -36,3 +36,15 @@ def shakespeare_path():
 def shakespeare(shakespeare_path):
     "The text of Tiny Shakespeare (skips when it is absent)."
     return shakespeare_path.read_text(encoding="utf-8")
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread for the duration of a test, restored after: the tests run tiny models, for which a
+    second OpenMP thread only adds synchronisation, and on a busy 2-core machine it can make a step many
+    times slower. Modules that need it everywhere say `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    import torch
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -15,13 +15,7 @@ TINY = ["--n-layers", "1", "--n-heads", "2", "--d-model", "32", "--max-seq-len",
         "--eval-iters", "2", "--no-progress"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    "Tiny models run fastest on one thread, and a second thread only hurts when the machine is busy; restored after."
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
 
 def run_cli(*argv, timeout=300):

@@ -17,13 +17,7 @@ from gptbook.sample import (Utf8Decoder, apply_repetition_penalty, apply_tempera
 SETTINGS = settings(max_examples=40, deadline=None)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    "These tests run tiny models: one thread avoids OpenMP threads spinning against other jobs on a small machine."
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
 # ---------------------------------------------------------------- NumPy references (loops, float64)
 

@@ -27,13 +27,7 @@ from gptbook.train import (CKPT_FILES, Trainer, TrainConfig, TrainingDiverged, l
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    "Tiny models run fastest on one thread, and a second thread only hurts when the machine is busy; restored after."
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
 
 @pytest.fixture(scope="module")
