@@ -1,0 +1,254 @@
+"""Chapter 13: the committed experiment results are well-formed and consistent, the chapter shows exactly
+them, and the pieces of bench/experiments.py (the unscaled-attention hook, bits per character, one run)
+compute what they claim."""
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from gptbook.model import GPT, GPTConfig
+from gptbook.positions import apply_rope
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+NOTEBOOK = ROOT / "nbs" / "13_experiments.ipynb"
+
+
+def _load_bench():
+    spec = importlib.util.spec_from_file_location("experiments", ROOT / "bench" / "experiments.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+E = _load_bench()
+
+
+@pytest.fixture(scope="module")
+def results():
+    return json.loads((RESULTS / "experiments.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def expected():
+    return json.loads((RESULTS / "expected_results.json").read_text())
+
+
+def _notebook_outputs() -> str:
+    "Every text and markdown output saved in the chapter, concatenated."
+    nb = json.loads(NOTEBOOK.read_text())
+    parts = []
+    for cell in nb["cells"]:
+        for out in cell.get("outputs", []):
+            if "text" in out: parts.append("".join(out["text"]))
+            for kind in ("text/markdown", "text/plain"):
+                if kind in out.get("data", {}): parts.append("".join(out["data"][kind]))
+    return "\n".join(parts)
+
+
+# --- the results files ------------------------------------------------------------------------------
+
+def check_experiments(res: dict, seeds=None, steps=None):
+    "Structure and internal consistency of an experiments.json."
+    seeds = seeds or res["setup"]["seeds"]
+    steps = steps or res["setup"]["train"]["max_iters"]
+    assert set(res["variants"]) == set(E.VARIANTS)
+    got = {(r["variant"], r["seed"]) for r in res["runs"]}
+    assert got == {(v, s) for v in E.VARIANTS for s in seeds}, "one run per variant and seed"
+    for r in res["runs"]:
+        assert r["diverged"] == (r["val_loss"] is None)
+        if not r["diverged"]:
+            # below the 65-way uniform loss ln 65 = 4.17, above what any char model reaches on this text
+            assert 0.8 < r["val_loss"] < math.log(65), r
+            assert r["steps"] == steps
+        s = r["curve"]["step"]
+        assert s == sorted(s) and len(s) == len(r["curve"]["train_loss"]) and s[-1] == r["steps"]
+        assert r["evals"][0]["iter"] == 0 and r["evals"][-1]["iter"] == r["steps"]
+        assert all(math.isfinite(x) for x in r["curve"]["train_loss"])
+    # the same variant has the same parameter count on every seed
+    for v in E.VARIANTS:
+        assert len({r["num_params"] for r in res["runs"] if r["variant"] == v}) == 1
+
+
+def test_experiments_json_well_formed(results):
+    check_experiments(results)
+    assert len(results["setup"]["seeds"]) >= 2, "the chapter reports a spread: at least two seeds"
+    m = results["machine"]
+    assert m["cpu"] and m["torch"] and m["threads"] >= 1
+
+
+def test_summary_recomputed_from_runs(results):
+    "The stored ablation tables are what summarize() makes of the stored runs, and means/stds check out in NumPy."
+    assert E.summarize(results["runs"]) == results["ablations"]
+    names = [a["name"] for a in results["ablations"]]
+    assert names == [name for name, _, _ in E.ABLATIONS], "every ablation is in the results"
+    for a in results["ablations"]:
+        ref = np.array(a["rows"][0]["val_losses"])
+        for row in a["rows"]:
+            losses = np.array(row["val_losses"], dtype=float)
+            assert row["mean"] == pytest.approx(losses.mean(), abs=1e-4)
+            assert row["std"] == pytest.approx(losses.std(ddof=1), abs=1e-4)
+            if row is not a["rows"][0]:
+                d = losses - ref
+                assert row["diff_mean"] == pytest.approx(d.mean(), abs=1e-4)
+                assert row["diff_std"] == pytest.approx(d.std(ddof=1), abs=1e-4)
+                measured = (np.all(d > 0) or np.all(d < 0)) and abs(d.mean()) > 2 * d.std(ddof=1) / math.sqrt(len(d))
+                assert row["verdict"] == (("worse" if d.mean() > 0 else "better") if measured
+                                          else "no measurable difference")
+
+
+def test_reference_run_shared_by_every_ablation(results):
+    "Each ablation compares against the same reference runs (one training per seed, not one per ablation)."
+    refs = {tuple(a["rows"][0]["val_losses"]) for a in results["ablations"]}
+    assert len(refs) == 1
+
+
+def test_expected_results_json(expected):
+    cards = {c["name"]: c for c in expected["cards"]}
+    assert set(cards) == {"baby-char", "baby-bpe512"}
+    for c in cards.values():
+        assert c["steps"] == 2000 and c["context_len"] == 64 and c["batch_size"] == 12
+        assert c["bits_per_char"] == pytest.approx(c["val_loss"] * c["val_tokens"] / (c["val_chars"] * math.log(2)),
+                                                   abs=2e-4)
+        assert c["bits_per_token"] == pytest.approx(c["val_loss"] / math.log(2), abs=2e-4)
+        assert c["tokens_per_sec"] == pytest.approx(c["tokens_per_step"] * 1000 / c["ms_per_step"], rel=1e-3)
+        assert c["chars_per_sec"] == pytest.approx(c["tokens_per_sec"] * c["chars_per_token"], rel=1e-3)
+        assert c["tokens_per_sec_best"] == pytest.approx(c["tokens_per_step"] * 1000 / c["ms_per_step_best"], rel=1e-3)
+        assert c["chars_per_sec_best"] == pytest.approx(c["tokens_per_sec_best"] * c["chars_per_token"], rel=1e-3)
+        assert 0.5 < c["bits_per_char"] < 4 and c["wall_s"] > 0
+        assert c["val_curve"][-1][0] == 2000 and c["val_curve"][-1][1] == pytest.approx(c["val_loss"], abs=1e-3)
+    char, bpe = cards["baby-char"], cards["baby-bpe512"]
+    assert char["vocab_size"] == 65 and char["val_tokens"] == char["val_chars"] == 111_540  # last 10% of 1,115,394
+    assert bpe["vocab_size"] == 512 and 1.5 < bpe["chars_per_token"] < 3
+    m = expected["machine"]
+    assert m["cpu"] and m["torch"] and m["cores"] >= 1
+
+
+# --- the chapter shows exactly the committed results ---------------------------------------------------
+
+def test_chapter_tables_match_results(results, expected):
+    shown = _notebook_outputs()
+    for a in results["ablations"]:
+        assert E.ablation_table(a) in shown, f"the chapter's {a['name']} table is stale: re-execute the notebook"
+        assert a["conclusion"] in shown
+    assert E.cards_table(expected["cards"]) in shown, "the chapter's cards table is stale: re-execute the notebook"
+
+
+def test_numbers_quoted_in_the_prose_are_in_the_tables(results):
+    "Every 'mean ± spread' the chapter's text quotes is one of the measured differences (sign aside)."
+    import re
+    nb = json.loads(NOTEBOOK.read_text())
+    prose = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+    quoted = re.findall(r"(\d\.\d{3}) ± (\d\.\d{3})", prose)
+    assert len(quoted) >= 5, "the conclusions quote the measured differences"
+    tables = "\n".join(E.ablation_table(a) for a in results["ablations"])
+    for mean, spread in quoted:
+        assert f"{mean} ± {spread}" in tables, f"the text quotes {mean} ± {spread}, which no table shows"
+
+
+# --- the pieces of the script ---------------------------------------------------------------------------
+
+def _unscaled_attention_by_hand(attn, x, rope=None):
+    "softmax(q k^T) v (no 1/sqrt(d_k)), causal, from the layer's weights: einsum, no hooks, no SDPA."
+    B, T, C = x.shape
+    nh, hd = attn.n_heads, attn.head_dim
+    qkv = torch.nn.functional.linear(x, attn.c_attn.weight, attn.c_attn.bias)
+    q, k, v = (t.reshape(B, T, nh, hd).permute(0, 2, 1, 3) for t in qkv.split(C, dim=-1))
+    if rope is not None: q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+    scores = torch.einsum("bhqd,bhkd->bhqk", q, k)
+    scores = scores.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float("-inf"))
+    y = torch.einsum("bhqk,bhkd->bhqd", scores.softmax(-1), v)
+    return torch.nn.functional.linear(y.permute(0, 2, 1, 3).reshape(B, T, C), attn.c_proj.weight, attn.c_proj.bias)
+
+
+@pytest.mark.parametrize("positions", ["learned", "rope"])
+def test_unscale_attention_hook(positions):
+    torch.manual_seed(0)
+    gpt = GPT(GPTConfig.baby(65, d_model=64, positions=positions)).double()
+    for p in gpt.parameters(): p.data.normal_(0, 0.3)  # large weights: the scale changes the output a lot
+    x = torch.randn(2, 9, 64, dtype=torch.float64)
+    attn = gpt.blocks[1].attn
+    rope = None if positions == "learned" else (gpt.rope_cos[:9], gpt.rope_sin[:9])
+    with torch.no_grad():
+        before = attn(x, rope=rope)
+        handles = E.unscale_attention(gpt)
+        after = attn(x, rope=rope)
+        torch.testing.assert_close(after, _unscaled_attention_by_hand(attn, x, rope), rtol=1e-9, atol=1e-9)
+        assert (after - before).abs().max() > 1e-3, "the hook must change the layer"
+        for h in handles: h.remove()
+        torch.testing.assert_close(attn(x, rope=rope), before, rtol=0, atol=0)
+    assert len(handles) == gpt.config.n_layers
+
+
+def test_build_model_variants():
+    for name, spec in E.VARIANTS.items():
+        m = E.build_model(name, 65, seed=0)
+        for field, value in spec["model"].items():
+            assert getattr(m.config, field) == value
+        assert m.config.d_model == E.ABLATION_MODEL["d_model"] and m.config.n_layers == E.ABLATION_MODEL["n_layers"]
+    # same seed, same architecture: the same initial weights
+    a, b = E.build_model("reference", 65, 3), E.build_model("reference", 65, 3)
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    # SwiGLU at (nearly) GELU's parameter count: within 1% of the reference model
+    ratio = E.build_model("swiglu", 65, 0).num_params() / E.build_model("reference", 65, 0).num_params()
+    assert abs(ratio - 1) < 0.01
+
+
+def test_bits_per_char_against_a_direct_count():
+    "Two characters per token, each token predicted with probability 1/4: 2 bits per token, 1 bit per character."
+    tokens = ["ab", "cd", "ef"]
+    nats = [-math.log(0.25)] * len(tokens)
+    direct = sum(n / math.log(2) for n in nats) / sum(len(t) for t in tokens)
+    assert E.bits_per_char(sum(nats) / len(nats), len(tokens), 6) == pytest.approx(direct) == pytest.approx(1.0)
+
+
+def test_full_val_loss_is_the_mean_over_every_window():
+    torch.manual_seed(0)
+    gpt = GPT(GPTConfig.baby(11, d_model=16, n_layers=1, n_heads=2, max_seq_len=8)).eval()
+    val = np.random.default_rng(0).integers(0, 11, size=8 * 5 + 3).astype(np.uint16)
+    got = E.full_val_loss(gpt, val, 8, batch_size=2)  # batches of 2 windows, one left over
+    ids = torch.as_tensor(val.astype(np.int64))
+    with torch.no_grad():
+        losses = [torch.nn.functional.cross_entropy(gpt(ids[i:i + 8][None])[0], ids[i + 1:i + 9], reduction="sum")
+                  for i in range(0, 40, 8)]
+    assert got == pytest.approx(sum(l.item() for l in losses) / 40, rel=1e-6)
+
+
+def test_compare_verdicts():
+    assert E.compare([2.0, 2.1, 2.2], [2.1, 2.21, 2.29])["verdict"] == "worse"
+    assert E.compare([2.0, 2.1, 2.2], [1.9, 1.98, 2.11])["verdict"] == "better"
+    assert E.compare([2.0, 2.1, 2.2], [2.01, 2.09, 2.2])["verdict"] == "no measurable difference"  # signs differ
+    assert E.compare([2.0, 2.1, 2.2], [2.01, 2.2, 2.21])["verdict"] == "no measurable difference"  # too noisy
+    assert E.compare([2.0], [2.5])["verdict"] == "one seed: no verdict"
+    assert E.compare([2.0, 2.1], [None, 2.0])["verdict"] == "diverged"
+
+
+@pytest.fixture
+def one_thread():
+    "One torch thread (as the script uses): two threads on a busy 2-core machine can be many times slower."
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def test_run_one_smoke(shakespeare_path, one_thread):
+    from gptbook.data import TokenData, load_token_data
+    full = load_token_data("char")
+    data = TokenData(full.train[:50_000], full.val[:2_000], full.tokenizer)  # a slice: the pipeline, not the loss
+    r = E.run_one("unscaled", 0, data, train={"max_iters": 4, "warmup_iters": 1, "eval_interval": 2, "eval_iters": 1})
+    assert r["steps"] == 4 and not r["diverged"] and r["val_loss"] < math.log(65) + 0.1
+    assert [e["iter"] for e in r["evals"]] == [0, 2, 4]
+    assert r["curve"]["step"] == [4]
+
+
+@pytest.mark.slow
+def test_quick_mode_writes_well_formed_results(tmp_path, shakespeare_path, one_thread):
+    E.main(["--quick", "--out", str(tmp_path)])
+    check_experiments(json.loads((tmp_path / "experiments.json").read_text()), seeds=[0], steps=20)
+    cards = json.loads((tmp_path / "expected_results.json").read_text())["cards"]
+    assert [c["name"] for c in cards] == ["baby-char", "baby-bpe512"] and all(c["steps"] == 20 for c in cards)
