@@ -227,15 +227,6 @@ def test_compare_verdicts():
     assert E.compare([2.0, 2.1], [None, 2.0])["verdict"] == "diverged"
 
 
-@pytest.fixture
-def one_thread():
-    "One torch thread (as the script uses): two threads on a busy 2-core machine can be many times slower."
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def test_run_one_smoke(shakespeare_path, one_thread):
     from gptbook.data import TokenData, load_token_data
     full = load_token_data("char")
