@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import hashlib
+import http.client
 import os
 import tempfile
 import urllib.error
@@ -117,8 +118,7 @@ def tiny_shakespeare_path(path: str | Path | None = None, *, verify: bool = True
         raise FileNotFoundError(f"Tiny Shakespeare is not in the cache and download_missing=False. {_how_to_supply(cached)}")
     try:
         return download(url, cached, sha256=sha256)
-    except (urllib.error.URLError, OSError) as e:
-        if isinstance(e, ChecksumError): raise
+    except (urllib.error.URLError, http.client.HTTPException, OSError) as e:  # ChecksumError is a ValueError: it passes through
         raise ConnectionError(f"Could not download Tiny Shakespeare from {url} ({e}). {_how_to_supply(cached)}") from e
 
 # %% ../nbs/07_data.ipynb #2ffbbcc3

@@ -178,6 +178,9 @@ class GPT(nn.Module):
             x = blk(x, rope=rope, cache=None if cache is None else cache[i])  # (B, T, d_model)
         logits = self.lm_head(self.ln_f(x))             # (B, T, vocab_size)
         if targets is None: return logits
+        if targets.shape != idx.shape:
+            raise ValueError(f"targets must have the shape of idx, (B, T) = {tuple(idx.shape)}, got {tuple(targets.shape)}: "
+                             "targets[b, t] is the token that follows idx[b, t]")
         return logits, F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
 
     def make_cache(self, batch_size: int, max_len: int | None = None, device=None, dtype=None) -> list:

@@ -20,7 +20,7 @@ class LearnedPositions(nn.Module):
         self.weight = nn.Parameter(torch.randn(max_seq_len, d_model) / math.sqrt(d_model))
 
     def forward(self, T: int, start: int = 0) -> torch.Tensor:
-        if start < 0 or start + T > self.max_seq_len:
+        if T < 0 or start < 0 or start + T > self.max_seq_len:
             raise ValueError(f"positions {start}..{start + T - 1} (T={T}) do not fit the learned table of "
                              f"max_seq_len={self.max_seq_len}: crop the input to {self.max_seq_len} tokens "
                              f"or use a larger max_seq_len (a learned table has no rows beyond it)")

@@ -342,7 +342,7 @@ class BPETokenizer:
 
     def decode_bytes(self, ids) -> bytes:
         "The bytes of `ids`, concatenated (may end in the middle of a UTF-8 character)."
-        if isinstance(ids, (int, str, bytes)): raise TypeError(f"decode expects a sequence of ids, got {ids!r}; for one id use decode([id])")
+        if isinstance(ids, (int, str, bytes)) or getattr(ids, "ndim", 1) == 0: raise TypeError(f"decode expects a sequence of ids, got {ids!r}; for one id use decode([id])")
         vocab, ids = self.vocab, list(ids)
         try: return b"".join([vocab[i] for i in ids])
         except (KeyError, TypeError): pass

@@ -33,7 +33,12 @@ def assert_same_logits(hf_model, ours, vocab_size, T):
 def tiny_gpt2(**kw):
     torch.manual_seed(0)
     cfg = GPT2Config(vocab_size=101, n_positions=24, n_embd=32, n_layer=3, n_head=4, **kw)
-    return GPT2LMHeadModel(cfg)
+    model = GPT2LMHeadModel(cfg)
+    with torch.no_grad():  # HF starts norm gains at 1 and every bias at 0: randomize them so that a swapped
+        for n, p in model.named_parameters():  # ln_1/ln_2 or a dropped bias changes the logits
+            if "ln_" in n and n.endswith("weight"): p.normal_(1.0, 0.3)
+            elif n.endswith("bias"): p.normal_(0.0, 0.1)
+    return model
 
 
 def tiny_llama(tie, n_kv_heads=2, **kw):

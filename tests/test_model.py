@@ -331,3 +331,10 @@ def test_torch_compile_on_cpu_matches_eager():
     m.zero_grad(); ref_loss.backward()
     for n, p in m.named_parameters():
         torch.testing.assert_close(grads[n], p.grad, rtol=1e-3, atol=1e-5, msg=n)
+
+
+def test_targets_must_match_idx_shape():
+    model = GPT(GPTConfig.baby(65))
+    idx = torch.zeros(1, 4, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"targets must have the shape of idx, \(B, T\) = \(1, 4\), got \(1, 5\)"):
+        model(idx, torch.zeros(1, 5, dtype=torch.long))

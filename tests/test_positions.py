@@ -179,3 +179,10 @@ def test_pairing_matches_transformers_llama():
     torch.testing.assert_close(P.apply_rope(q[..., perm], cos, sin), q_hf[..., perm], atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(P.apply_rope(k[..., perm], cos, sin) @ P.apply_rope(q[..., perm], cos, sin).transpose(-2, -1),
                                k_hf @ q_hf.transpose(-2, -1), atol=1e-5, rtol=1e-5)
+
+
+def test_negative_length_is_refused():
+    with pytest.raises(ValueError, match="T=-1"):
+        P.LearnedPositions(8, 4)(-1)
+    with pytest.raises(ValueError, match="T=-1"):
+        NP.learned_positions(np.zeros((8, 4)), -1)

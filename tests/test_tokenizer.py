@@ -293,3 +293,13 @@ def test_char_tokenizer(tmp_path):
     with pytest.raises(TypeError, match="str"): CharTokenizer.train(["a"])
     BPETokenizer.train("abcabc", 257).save(tmp_path / "b.json")
     with pytest.raises(ValueError, match="use BPETokenizer.load"): CharTokenizer.load(tmp_path / "b.json")
+
+
+def test_decode_zero_dim_ids_says_use_a_list():
+    import numpy as np
+    import torch
+    tok = BPETokenizer.train("hello hello world", 260)
+    for one_id in (np.int64(104), torch.tensor(104)):
+        with pytest.raises(TypeError, match=r"decode\(\[id\]\)"):
+            tok.decode(one_id)
+    assert tok.decode(np.array([104, 105])) == "hi"

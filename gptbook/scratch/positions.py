@@ -12,7 +12,7 @@ import numpy as np
 def learned_positions(table: np.ndarray, T: int, start: int = 0) -> np.ndarray:
     "Rows start..start+T-1 of a learned (max_seq_len, d_model) position table."
     max_seq_len = table.shape[0]
-    if start < 0 or start + T > max_seq_len:
+    if T < 0 or start < 0 or start + T > max_seq_len:
         raise ValueError(f"positions {start}..{start + T - 1} (T={T}) do not fit the learned table of "
                          f"max_seq_len={max_seq_len}: crop the input to {max_seq_len} tokens "
                          f"or use a larger max_seq_len (a learned table has no rows beyond it)")
