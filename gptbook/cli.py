@@ -102,7 +102,9 @@ def config_from_args(args) -> tuple[TrainConfig, bool]:
 # %% ../nbs/10_cli.ipynb #7824a80e
 def _print_sample(model, tokenizer, n: int, seed: int, prompt: str = "\n"):
     "Print `n` new tokens continuing `prompt`, at the book's default sampling settings."
-    idx = torch.tensor([tokenizer.encode(prompt)], device=next(model.parameters()).device)
+    try: ids = tokenizer.encode(prompt)
+    except ValueError: ids = [0]  # a vocabulary without the prompt's characters (a text with no newline): start from id 0
+    idx = torch.tensor([ids], device=next(model.parameters()).device)
     out = _generate(model, idx, n, temperature=0.8, top_p=0.9, generator=_generator(seed, idx.device))
     print(tokenizer.decode(out[0].tolist()))
 
@@ -189,7 +191,7 @@ def main(argv=None) -> int:
         return 2
     try:
         return args.func(args)
-    except (ValueError, TypeError, FileNotFoundError, ConnectionError, TrainingDiverged) as e:
+    except (ValueError, TypeError, OSError, TrainingDiverged) as e:  # OSError: missing files, bad paths, permissions, network
         if os.environ.get("GPTBOOK_DEBUG"): raise
         print(f"gptbook {args.command}: error: {e}", file=sys.stderr)
         return 1

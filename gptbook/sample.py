@@ -191,8 +191,8 @@ def _token_loop(model, seq, n_steps, sampling, repetition_penalty, use_cache, ge
         seq = torch.cat([seq, nxt[:, None]], dim=1)  # (B, T + 1)
 
 def generate_steps(model, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
-                   top_k: int | None = None, top_p: float | None = None, min_p: float | None = None,
-                   repetition_penalty: float | None = None, use_cache: bool = True,
+                   top_k: int | None = None, top_p: float | None = None, use_cache: bool = True, *,
+                   min_p: float | None = None, repetition_penalty: float | None = None,
                    generator: torch.Generator | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     "Iterate over generation steps: yields (next tokens (B,), last-position logits (B, vocab_size)) per new token."
     _check_idx(model, idx)
@@ -244,8 +244,8 @@ def _prompt_lengths(idx, attention_mask):
     return lengths
 
 def generate(model, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
-             top_k: int | None = None, top_p: float | None = None, min_p: float | None = None,
-             repetition_penalty: float | None = None, use_cache: bool = True, stop=None,
+             top_k: int | None = None, top_p: float | None = None, use_cache: bool = True, *,
+             min_p: float | None = None, repetition_penalty: float | None = None, stop=None,
              generator: torch.Generator | None = None, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
     "Continue each prompt of idx (B, T) by `max_new_tokens` tokens -> (B, T + max_new_tokens), fewer if every row stopped."
     _check_idx(model, idx)
@@ -329,8 +329,8 @@ def _stream_text(steps, tokenizer, stop_ids):
     if tail: yield tail
 
 def stream(model, tokenizer, prompt: str, max_new_tokens: int, temperature: float = 1.0,
-           top_k: int | None = None, top_p: float | None = None, min_p: float | None = None,
-           repetition_penalty: float | None = None, use_cache: bool = True, stop=None,
+           top_k: int | None = None, top_p: float | None = None, use_cache: bool = True, *,
+           min_p: float | None = None, repetition_penalty: float | None = None, stop=None,
            generator: torch.Generator | None = None) -> Iterator[str]:
     "Generate a continuation of the text `prompt`, yielding it in pieces of valid UTF-8 as soon as they are complete."
     if not isinstance(prompt, str): raise TypeError(f"prompt must be a str, got {type(prompt).__name__}")
@@ -338,6 +338,6 @@ def stream(model, tokenizer, prompt: str, max_new_tokens: int, temperature: floa
     ids = tokenizer.encode(prompt)  # a CharTokenizer names any character it does not know
     idx = torch.tensor([ids], dtype=torch.long, device=_model_device(model))  # (1, T)
     stop_ids = _check_stop(stop, getattr(getattr(model, "config", None), "vocab_size", None), "cpu")
-    steps = generate_steps(model, idx, max_new_tokens, temperature, top_k, top_p, min_p,
-                           repetition_penalty, use_cache, generator)
+    steps = generate_steps(model, idx, max_new_tokens, temperature, top_k, top_p, use_cache,
+                           min_p=min_p, repetition_penalty=repetition_penalty, generator=generator)
     return _stream_text(steps, tokenizer, None if stop_ids is None else set(stop_ids.tolist()))

@@ -78,6 +78,8 @@ def pick_device(device: str = "auto") -> torch.device:
     except RuntimeError as e: raise ValueError(f"unknown device {device!r}: use 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'") from e
     if d.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {device!r} was asked for, but this PyTorch sees no CUDA GPU; use 'cpu' or 'auto'")
+    if d.type == "mps" and not (getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()):
+        raise ValueError(f"device {device!r} was asked for, but Apple's MPS is not available here; use 'cpu' or 'auto'")
     return d
 
 def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
@@ -129,8 +131,13 @@ class TrainConfig:
     def __post_init__(self):
         for name in ("batch_size", "grad_accum", "eval_interval", "eval_iters", "keep_last"):
             if getattr(self, name) < 1: raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        for name in ("max_iters", "warmup_iters"):
-            if getattr(self, name) < 0: raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.max_iters < 1: raise ValueError(f"max_iters must be at least 1 (a run that takes no step saves nothing), got {self.max_iters}")
+        if self.warmup_iters < 0: raise ValueError(f"warmup_iters must be >= 0, got {self.warmup_iters}")
+        for name in ("weight_decay", "grad_clip"):  # grad_clip 0 turns clipping off; a negative value is a typo
+            if not getattr(self, name) >= 0: raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("beta1", "beta2"):
+            if not 0 <= getattr(self, name) < 1: raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if not 0 < self.val_fraction < 1: raise ValueError(f"val_fraction must be strictly between 0 and 1, got {self.val_fraction}")
         if not self.lr > 0: raise ValueError(f"lr must be positive, got {self.lr}")
         if not 0 <= self.min_lr_ratio <= 1: raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
         if self.tokenizer not in ("char", "bpe"): raise ValueError(f"tokenizer must be 'char' or 'bpe', got {self.tokenizer!r}")
@@ -591,6 +598,7 @@ def train(cfg: TrainConfig | None = None, model_config: GPTConfig | None = None,
     if model_config.vocab_size < data.vocab_size:
         raise ValueError(f"the model's vocab_size {model_config.vocab_size} is smaller than the tokenizer's {data.vocab_size}")
     out_dir = Path(cfg.out_dir)
+    pick_dtype(cfg.dtype, pick_device(cfg.device))  # a bad device or dtype fails here, before an earlier run is removed
     if not resume and rank == 0 and (n := _clear_run(out_dir)):
         print(f"note: fresh run in {out_dir}: removed {n} checkpoint(s) of an earlier run (resume to continue a run instead)",
               file=sys.stderr)

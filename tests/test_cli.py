@@ -158,3 +158,37 @@ def test_parser_maps_flags_to_configs():
     cfg, resume = config_from_args(args)
     assert not resume and cfg.model_overrides == {"n_layers": 2, "bias": False}
     assert (cfg.lr, cfg.out_dir, cfg.data_path, cfg.max_iters) == (3e-4, "x", "t.txt", 2000)
+
+
+def test_bad_device_leaves_the_earlier_run_alone(capsys, run_dir, tmp_path):
+    "A fresh run that cannot start (no CUDA here) must fail before it removes the checkpoints already in --out."
+    import shutil
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: 'cuda' is not a bad device here")
+    out = tmp_path / "run"
+    shutil.copytree(run_dir[0], out)
+    before = sorted(p.name for p in out.iterdir())
+    status, _, err = call(capsys, "train", "--out", out, "--device", "cuda", *TINY)
+    assert status == 1 and "no CUDA GPU" in err and "Traceback" not in err
+    assert sorted(p.name for p in out.iterdir()) == before
+
+
+def test_text_without_newline_still_trains_and_samples(capsys, tmp_path):
+    "The closing sample starts from a newline; a vocabulary without one must not turn a good run into exit 1."
+    text = tmp_path / "abc.txt"
+    text.write_text("abcabcabdabcacbabcabcbbacabcabcabc" * 40)
+    status, out, err = call(capsys, "train", "--data", text, "--out", tmp_path / "run", "--max-iters", 2,
+                            "--eval-interval", 1, "--sample-tokens", 5, *TINY)
+    assert status == 0, err
+    assert "a sample from the model" in out
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--max-iters", "0"], "max_iters must be at least 1"),
+    (["--out", "/dev/null/run"], "gptbook train: error:"),
+    (["--weight-decay", "-1"], "weight_decay must be >= 0"),
+    (["--grad-clip", "-1"], "grad_clip must be >= 0"),
+])
+def test_more_one_line_errors(capsys, tmp_path, flags, message):
+    status, _, err = call(capsys, "train", "--out", tmp_path / "r", *TINY, *flags)
+    assert status == 1 and message in err and "Traceback" not in err
