@@ -87,6 +87,16 @@ def test_float32_numpy_forward_stays_float32_and_close(name):
     np.testing.assert_allclose(got, ref, rtol=0, atol=1e-4)
 
 
+# nanoGPT's own names and shapes, recorded from its model.py at commit 3adf61e:
+# GPT(GPTConfig(block_size=64, vocab_size=65, n_layer=4, n_head=4, n_embd=128, bias=True)).state_dict()
+NANOGPT_TOP = {"transformer.wte.weight": (65, 128), "transformer.wpe.weight": (64, 128),
+               "transformer.ln_f.weight": (128,), "transformer.ln_f.bias": (128,), "lm_head.weight": (65, 128)}
+NANOGPT_LAYER = {"ln_1.weight": (128,), "ln_1.bias": (128,), "attn.c_attn.weight": (384, 128), "attn.c_attn.bias": (384,),
+                 "attn.c_proj.weight": (128, 128), "attn.c_proj.bias": (128,), "ln_2.weight": (128,), "ln_2.bias": (128,),
+                 "mlp.c_fc.weight": (512, 128), "mlp.c_fc.bias": (512,), "mlp.c_proj.weight": (128, 512),
+                 "mlp.c_proj.bias": (128,)}
+
+
 def test_nanogpt_key_renaming_round_trips():
     "gptbook's keys differ from nanoGPT's only by the `transformer.` prefix and `h.` for `blocks.` (chapter 11)."
     def nanogpt_key(key):
@@ -95,8 +105,9 @@ def test_nanogpt_key_renaming_round_trips():
         return "transformer." + key
 
     m = GPT(GPTConfig.baby(65))
-    theirs = {nanogpt_key(k): v for k, v in m.state_dict().items()}
-    assert len(theirs) == len(m.state_dict())  # the renaming is one-to-one
+    theirs = {nanogpt_key(k): tuple(v.shape) for k, v in m.state_dict().items()}
+    expected = NANOGPT_TOP | {f"transformer.h.{i}.{k}": shape for i in range(4) for k, shape in NANOGPT_LAYER.items()}
+    assert theirs == expected  # every tensor maps to nanoGPT's name with nanoGPT's shape, and nothing is left over
     back = {k[len("transformer."):].replace("h.", "blocks.", 1) if k.startswith("transformer.") else k: v
-            for k, v in theirs.items()}
+            for k, v in zip(theirs, m.state_dict().values())}
     GPT(GPTConfig.baby(65)).load_state_dict(back, strict=True)
