@@ -228,6 +228,9 @@ def test_release_workflow():
     wf = _workflow("release.yaml")
     assert "tags" in wf["on"]["push"]
     job = wf["jobs"]["release"]
+    assert job["needs"] == "test" and wf["jobs"]["test"]["uses"] == "./.github/workflows/test.yaml", \
+        "publish only after the test workflow passes"
+    assert "workflow_call" in _workflow("test.yaml")["on"]
     assert job["permissions"]["id-token"] == "write", "PyPI trusted publishing needs an OIDC token"
     assert any(u.startswith("pypa/gh-action-pypi-publish@") for u in _uses(job))
     assert "python -m build" in _run_lines(job)
