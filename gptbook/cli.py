@@ -33,8 +33,8 @@ _MODEL_FLAGS = {  # flag -> (GPTConfig field, type, help)
     "--max-seq-len": ("max_seq_len", int, "context length in tokens (also the training window)"),
     "--dropout": ("dropout", float, "dropout probability"),
     "--norm": ("norm", str, "normalization, e.g. layernorm or rmsnorm"),
-    "--positions": ("positions", str, "position encoding, e.g. learned, sinusoidal or rope"),
-    "--ffn": ("ffn", str, "feed-forward kind, e.g. gelu or swiglu"),
+    "--positions": ("positions", str, "position encoding: learned, sinusoidal, rope or none"),
+    "--ffn": ("ffn", str, "feed-forward: gelu_tanh (GPT-2), gelu or swiglu"),
 }
 _BOOL_MODEL_FLAGS = {"--bias": ("bias", "biases in linear layers and norms"),
                      "--tie-weights": ("tie_weights", "share the token embedding with the output head")}
