@@ -291,10 +291,17 @@ def find_checkpoint(path) -> Path:
         raise FileNotFoundError(f"{path} {why}; train a model with `gptbook train --out {path}`, or pass a checkpoint folder")
     return ckpts[-1]
 
+def _load_tensors(path: Path) -> dict:
+    "The tensors of a safetensors file, or a ValueError that names the damaged file."
+    try: return load_file(path)
+    except Exception as e:  # safetensors raises its own error type for a truncated or corrupt file
+        raise ValueError(f"{path} cannot be read ({e}): the file is damaged; use an earlier checkpoint") from e
+
 def _read_state(folder: Path) -> dict:
     for f in CKPT_FILES:
         if not (folder / f).is_file(): raise FileNotFoundError(f"checkpoint {folder} is incomplete: {f} is missing")
-    state = json.loads((folder / "state.json").read_text(encoding="utf-8"))
+    try: state = json.loads((folder / "state.json").read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e: raise ValueError(f"{folder / 'state.json'} is not valid JSON ({e}): the file is damaged") from e
     if state.get("format") != "gptbook-checkpoint": raise ValueError(f"{folder}/state.json is not a gptbook checkpoint")
     return state
 
@@ -328,7 +335,7 @@ def load_checkpoint(path, device="cpu") -> Checkpoint:
     if state["model_config"] is None: raise ValueError(f"{folder} has no model_config, so its model cannot be rebuilt")
     model_config = GPTConfig.from_dict(state["model_config"])
     model = GPT(model_config)
-    model.load_state_dict(load_file(folder / "model.safetensors"))
+    model.load_state_dict(_load_tensors(folder / "model.safetensors"))
     model.to(pick_device(device) if isinstance(device, str) else device).eval()
     tc = state["train_config"]
     return Checkpoint(model, _load_tokenizer(folder, state["tokenizer"]), model_config,
@@ -467,9 +474,9 @@ def load(self, path) -> Path:
     "Restore what `save` wrote (weights, optimizer, RNG states, batch generator, step) into this trainer."
     folder = find_checkpoint(path)
     state = _read_state(folder)
-    self.raw_model.load_state_dict(load_file(folder / "model.safetensors"))
-    self.optimizer.load_state_dict(_optimizer_from_files(load_file(folder / "optimizer.safetensors"), state["optimizer"]))
-    rng = load_file(folder / "rng.safetensors")
+    self.raw_model.load_state_dict(_load_tensors(folder / "model.safetensors"))
+    self.optimizer.load_state_dict(_optimizer_from_files(_load_tensors(folder / "optimizer.safetensors"), state["optimizer"]))
+    rng = _load_tensors(folder / "rng.safetensors")
     _set_rng_state(rng, state["rng"])
     self.gen.set_state(rng["data_generator"])
     if self.world_size > 1 and self.rank > 0:   # only rank 0's RNG is saved: the others reseed their own stream

@@ -192,3 +192,15 @@ def test_text_without_newline_still_trains_and_samples(capsys, tmp_path):
 def test_more_one_line_errors(capsys, tmp_path, flags, message):
     status, _, err = call(capsys, "train", "--out", tmp_path / "r", *TINY, *flags)
     assert status == 1 and message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("damage", ["model.safetensors", "state.json"])
+def test_damaged_checkpoint_is_one_line_naming_the_file(capsys, run_dir, tmp_path, damage):
+    import shutil
+    out = tmp_path / "run"
+    shutil.copytree(run_dir[0], out)
+    (ckpt,) = [p for p in out.iterdir() if p.name.startswith("ckpt_")]
+    f = ckpt / damage
+    f.write_bytes(f.read_bytes()[: len(f.read_bytes()) // 2])  # truncated, as by a disk that filled up
+    status, _, err = call(capsys, "sample", "--out", out, "--max-new-tokens", 5)
+    assert status == 1 and damage in err and "damaged" in err and "Traceback" not in err

@@ -338,3 +338,13 @@ def test_targets_must_match_idx_shape():
     idx = torch.zeros(1, 4, dtype=torch.long)
     with pytest.raises(ValueError, match=r"targets must have the shape of idx, \(B, T\) = \(1, 4\), got \(1, 5\)"):
         model(idx, torch.zeros(1, 5, dtype=torch.long))
+
+
+def test_empty_input_gives_empty_logits_on_both_sides():
+    from gptbook.scratch.embedding import embed
+    cfg = GPTConfig.baby(65)
+    model = GPT(cfg)
+    params = {k: v.numpy() for k, v in model.state_dict().items()}
+    assert npm.forward(params, np.zeros((2, 0), dtype=np.int64), cfg).shape == (2, 0, 65)
+    assert tuple(model(torch.zeros(2, 0, dtype=torch.long)).shape) == (2, 0, 65)
+    assert embed(np.zeros((5, 3)), []).shape == (0, 3)

@@ -23,4 +23,4 @@ def embed(table: np.ndarray, ids) -> np.ndarray:
         bad = ids[(ids < 0) | (ids >= vocab_size)].flat[0]
         raise ValueError(f"token id {bad} is outside the table: ids must be in 0..{vocab_size - 1} "
                          f"(vocab_size={vocab_size}); was the text tokenized with a different vocabulary?")
-    return table[ids]  # (*ids.shape, d_model)
+    return table[ids.astype(np.intp, copy=False)]  # (*ids.shape, d_model); an empty list arrives as float64

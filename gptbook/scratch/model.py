@@ -26,9 +26,10 @@ def forward(params: dict, idx, config) -> np.ndarray:
     idx = np.asarray(idx)
     if idx.ndim != 2: raise ValueError(f"idx must be (B, T) token ids, got shape {idx.shape}")
     B, T = idx.shape
+    wte = params["wte.weight"]                                       # (vocab_size, d_model)
+    if idx.size == 0: return np.zeros((B, T, c["vocab_size"]), wte.dtype)  # no tokens, no logits (as the torch model)
     if idx.min() < 0 or idx.max() >= c["vocab_size"]:
         raise ValueError(f"token ids must be in 0..{c['vocab_size'] - 1}, got ids from {idx.min()} to {idx.max()}")
-    wte = params["wte.weight"]                                       # (vocab_size, d_model)
     x, rope = wte[idx], None                                         # (B, T, d_model)
     if c["positions"] == "learned":
         if T > c["max_seq_len"]:
