@@ -6,6 +6,7 @@ weights), so they must produce the same tokens: the script checks that before re
     python bench/sample.py                      # CPU, 512 new tokens, writes bench/results/sample.json
     python bench/sample.py --device cuda --out bench/results/sample_cuda.json
 """
+
 import argparse
 import json
 import os
@@ -31,10 +32,12 @@ def minimal_plain_loop(model, idx, max_new_tokens):
 
 def timed(fn, device):
     "Run fn; return its output, wall-clock seconds and this process's CPU seconds."
-    if device.type == "cuda": torch.cuda.synchronize()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
     t0, c0 = time.perf_counter(), time.process_time()
     out = fn()
-    if device.type == "cuda": torch.cuda.synchronize()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
     return out, time.perf_counter() - t0, time.process_time() - c0
 
 
@@ -50,19 +53,30 @@ def main():
     ap.add_argument("--positions", default="learned")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--repeats", type=int, default=1, help="runs per method; the fastest counts")
-    ap.add_argument("--threads", type=int, default=1,
-                    help="CPU threads (default 1: on a small shared machine, more threads spin against other jobs "
-                         "and the timings become noise; 0 = torch's default)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="CPU threads (default 1: on a small shared machine, more threads spin against other jobs "
+        "and the timings become noise; 0 = torch's default)",
+    )
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "sample.json"))
     a = ap.parse_args()
     if a.prompt_len + a.new_tokens > a.max_seq_len:
         ap.error("prompt_len + new_tokens must fit in max_seq_len (past it every loop is the plain loop)")
 
     device = torch.device(a.device)
-    if a.threads > 0: torch.set_num_threads(a.threads)
+    if a.threads > 0:
+        torch.set_num_threads(a.threads)
     torch.manual_seed(0)
-    cfg = GPTConfig(vocab_size=a.vocab_size, max_seq_len=a.max_seq_len, n_layers=a.n_layers, n_heads=a.n_heads,
-                    d_model=a.d_model, positions=a.positions)
+    cfg = GPTConfig(
+        vocab_size=a.vocab_size,
+        max_seq_len=a.max_seq_len,
+        n_layers=a.n_layers,
+        n_heads=a.n_heads,
+        d_model=a.d_model,
+        positions=a.positions,
+    )
     model = GPT(cfg).to(device).eval()
     prompt = torch.randint(cfg.vocab_size, (1, a.prompt_len), device=device)
     generate(model, prompt, 8, temperature=0)  # warm-up (allocator, kernels)
@@ -84,8 +98,15 @@ def main():
         out, wall, cpu = min(runs, key=lambda r: r[2] if by_cpu else r[1])
         sec = cpu if by_cpu else wall
         outputs[name] = out
-        rows.append({"method": name, "wall_seconds": round(wall, 3), "cpu_seconds": round(cpu, 3),
-                     "tokens_per_sec": round(a.new_tokens / sec, 1), "tokens_per_wall_sec": round(a.new_tokens / wall, 1)})
+        rows.append(
+            {
+                "method": name,
+                "wall_seconds": round(wall, 3),
+                "cpu_seconds": round(cpu, 3),
+                "tokens_per_sec": round(a.new_tokens / sec, 1),
+                "tokens_per_wall_sec": round(a.new_tokens / wall, 1),
+            }
+        )
         print(f"{name:36} {wall:8.2f} {cpu:8.2f} {a.new_tokens / sec:9.1f}", flush=True)
     ref = outputs["minimal plain loop (nanoGPT-style)"]
     same = {name: bool(torch.equal(out, ref)) for name, out in outputs.items()}
@@ -95,13 +116,26 @@ def main():
 
     result = {
         "benchmark": "greedy generation, batch 1",
-        "new_tokens": a.new_tokens, "prompt_len": a.prompt_len,
-        "model": {"n_layers": a.n_layers, "n_heads": a.n_heads, "d_model": a.d_model, "max_seq_len": a.max_seq_len,
-                  "vocab_size": a.vocab_size, "positions": a.positions, "params": sum(p.numel() for p in model.parameters())},
-        "device": str(device), "torch": torch.__version__, "threads": torch.get_num_threads(),
+        "new_tokens": a.new_tokens,
+        "prompt_len": a.prompt_len,
+        "model": {
+            "n_layers": a.n_layers,
+            "n_heads": a.n_heads,
+            "d_model": a.d_model,
+            "max_seq_len": a.max_seq_len,
+            "vocab_size": a.vocab_size,
+            "positions": a.positions,
+            "params": sum(p.numel() for p in model.parameters()),
+        },
+        "device": str(device),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
         "tokens_per_sec_measured_by": "CPU time (one thread)" if by_cpu else "wall clock",
-        "cpu_count": os.cpu_count(), "machine": platform.machine(),
-        "results": rows, "kv_cache_speedup": round(speedup, 1), "identical_tokens": True,
+        "cpu_count": os.cpu_count(),
+        "machine": platform.machine(),
+        "results": rows,
+        "kv_cache_speedup": round(speedup, 1),
+        "identical_tokens": True,
     }
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(result, indent=1) + "\n")

@@ -13,30 +13,35 @@ from torch import nn
 from .positions import apply_rope
 
 # %% ../nbs/03_attention.ipynb #7995bf6b
-def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
-                                 dropout_p: float = 0.0) -> torch.Tensor:
+def scaled_dot_product_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None, dropout_p: float = 0.0
+) -> torch.Tensor:
     "softmax(q k^T / sqrt(d_k)) v over the key axis; q (..., T_q, d_k), k (..., T_k, d_k), v (..., T_k, d_v); mask True = keep."
     d_k = q.shape[-1]
     scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d_k))  # (..., T_q, T_k)
     if mask is not None:
-        if mask.dtype != torch.bool: raise TypeError(f"mask must be a bool tensor (True = may attend), got {mask.dtype}")
+        if mask.dtype != torch.bool:
+            raise TypeError(f"mask must be a bool tensor (True = may attend), got {mask.dtype}")
         scores = scores.masked_fill(~mask, float("-inf"))
     # half precision softmax loses probability mass: accumulate it in float32 like the fused kernels do
     low = q.dtype in (torch.float16, torch.bfloat16)
     w = scores.softmax(dim=-1, dtype=torch.float32 if low else None).to(v.dtype)  # (..., T_q, T_k)
-    if dropout_p > 0: w = F.dropout(w, p=dropout_p)
-    return w @ v                                                  # (..., T_q, d_v)
+    if dropout_p > 0:
+        w = F.dropout(w, p=dropout_p)
+    return w @ v  # (..., T_q, d_v)
 
 # %% ../nbs/03_attention.ipynb #5a9880e1
 def causal_mask(T_q: int, T_k: int | None = None, device=None) -> torch.Tensor:
     "Bool (T_q, T_k): True where query i (at absolute position T_k - T_q + i) may attend to key j."
     T_k = T_q if T_k is None else T_k
-    if T_q > T_k: raise ValueError(f"T_q={T_q} queries but only T_k={T_k} keys: the keys must include every query position")
+    if T_q > T_k:
+        raise ValueError(f"T_q={T_q} queries but only T_k={T_k} keys: the keys must include every query position")
     return torch.ones(T_q, T_k, dtype=torch.bool, device=device).tril(diagonal=T_k - T_q)
 
 # %% ../nbs/03_attention.ipynb #fa7fd3bc
 class KVCache:
     "Pre-allocated keys and values of earlier positions, so generation computes each position once."
+
     def __init__(self, batch_size: int, n_kv_heads: int, max_len: int, head_dim: int, device=None, dtype=torch.float32):
         shape = (batch_size, n_kv_heads, max_len, head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
@@ -46,62 +51,83 @@ class KVCache:
     def update(self, k_new: torch.Tensor, v_new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         "Append (B, n_kv_heads, T, head_dim) keys/values; return views of all positions stored so far."
         if k_new.shape != v_new.shape or k_new.shape[0:2] != self.k.shape[0:2] or k_new.shape[3] != self.k.shape[3]:
-            raise ValueError(f"k_new {tuple(k_new.shape)} and v_new {tuple(v_new.shape)} must both be "
-                             f"({self.k.shape[0]}, {self.k.shape[1]}, T, {self.k.shape[3]}) to fit this cache")
+            raise ValueError(
+                f"k_new {tuple(k_new.shape)} and v_new {tuple(v_new.shape)} must both be "
+                f"({self.k.shape[0]}, {self.k.shape[1]}, T, {self.k.shape[3]}) to fit this cache"
+            )
         T = k_new.shape[2]
         if self.pos + T > self.max_len:
-            raise ValueError(f"cache holds {self.pos} positions, adding T={T} exceeds max_len={self.max_len}: "
-                             f"make the cache larger or crop the context")
-        self.k[:, :, self.pos:self.pos + T] = k_new
-        self.v[:, :, self.pos:self.pos + T] = v_new
+            raise ValueError(
+                f"cache holds {self.pos} positions, adding T={T} exceeds max_len={self.max_len}: "
+                f"make the cache larger or crop the context"
+            )
+        self.k[:, :, self.pos : self.pos + T] = k_new
+        self.v[:, :, self.pos : self.pos + T] = v_new
         self.pos += T
-        return self.k[:, :, :self.pos], self.v[:, :, :self.pos]  # (B, n_kv_heads, pos, head_dim)
+        return self.k[:, :, : self.pos], self.v[:, :, : self.pos]  # (B, n_kv_heads, pos, head_dim)
 
-    def reset(self): self.pos = 0
+    def reset(self):
+        self.pos = 0
 
 # %% ../nbs/03_attention.ipynb #e766198e
 class MultiHeadAttention(nn.Module):
     "Causal multi-head self-attention with one fused q/k/v projection; grouped-query when n_kv_heads < n_heads."
-    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None, bias: bool = True,
-                 dropout: float = 0.0, use_sdpa: bool = True):
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        n_kv_heads: int | None = None,
+        bias: bool = True,
+        dropout: float = 0.0,
+        use_sdpa: bool = True,
+    ):
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         if d_model % n_heads:
-            raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}: each head gets d_model // n_heads features; pick n_heads dividing {d_model}")
+            raise ValueError(
+                f"d_model={d_model} is not divisible by n_heads={n_heads}: each head gets d_model // n_heads features; pick n_heads dividing {d_model}"
+            )
         if n_heads % n_kv_heads:
-            raise ValueError(f"n_heads={n_heads} is not divisible by n_kv_heads={n_kv_heads}: each k/v head serves n_heads // n_kv_heads query heads; pick n_kv_heads dividing {n_heads}")
+            raise ValueError(
+                f"n_heads={n_heads} is not divisible by n_kv_heads={n_kv_heads}: each k/v head serves n_heads // n_kv_heads query heads; pick n_kv_heads dividing {n_heads}"
+            )
         self.d_model, self.n_heads, self.n_kv_heads = d_model, n_heads, n_kv_heads
         self.head_dim = d_model // n_heads
         self.dropout, self.use_sdpa = dropout, use_sdpa
         # one matmul makes q, k and v for every head: [q: n_heads | k: n_kv_heads | v: n_kv_heads] x head_dim
         self.c_attn = nn.Linear(d_model, (n_heads + 2 * n_kv_heads) * self.head_dim, bias=bias)
         self.c_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.attn_dropout = nn.Dropout(dropout)   # on the attention weights (through dropout_p below)
+        self.attn_dropout = nn.Dropout(dropout)  # on the attention weights (through dropout_p below)
         self.resid_dropout = nn.Dropout(dropout)  # on the output, before it joins the residual stream
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
-                cache: KVCache | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None, cache: KVCache | None = None
+    ) -> torch.Tensor:
         B, T, C = x.shape
-        if C != self.d_model: raise ValueError(f"x has {C} features, this layer expects d_model={self.d_model}")
+        if C != self.d_model:
+            raise ValueError(f"x has {C} features, this layer expects d_model={self.d_model}")
         nh, nkv, hd = self.n_heads, self.n_kv_heads, self.head_dim
         q, k, v = self.c_attn(x).split([nh * hd, nkv * hd, nkv * hd], dim=-1)
-        q = q.view(B, T, nh, hd).transpose(1, 2)   # (B, nh, T, hd)
+        q = q.view(B, T, nh, hd).transpose(1, 2)  # (B, nh, T, hd)
         k = k.view(B, T, nkv, hd).transpose(1, 2)  # (B, nkv, T, hd)
         v = v.view(B, T, nkv, hd).transpose(1, 2)  # (B, nkv, T, hd)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)  # positions rotate queries and keys, never values
         if cache is not None:
-            k, v = cache.update(k, v)                         # (B, nkv, P + T, hd)
-            k, v = k.to(q.dtype), v.to(q.dtype)               # a float32 cache under bf16 autocast
+            k, v = cache.update(k, v)  # (B, nkv, P + T, hd)
+            k, v = k.to(q.dtype), v.to(q.dtype)  # a float32 cache under bf16 autocast
         T_k = k.shape[2]
-        if nkv != nh:                                         # query head h reads kv head h // (nh // nkv)
+        if nkv != nh:  # query head h reads kv head h // (nh // nkv)
             k, v = k.repeat_interleave(nh // nkv, dim=1), v.repeat_interleave(nh // nkv, dim=1)  # (B, nh, T_k, hd)
         p = self.attn_dropout.p if self.training else 0.0
         if self.use_sdpa and T_k == T:
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
         else:
-            mask = causal_mask(T, T_k, device=x.device)      # (T, T_k), bottom-right aligned for the cache
-            if self.use_sdpa: y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
-            else: y = scaled_dot_product_attention(q, k, v, mask, dropout_p=p)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)      # (B, T, d_model): heads side by side
+            mask = causal_mask(T, T_k, device=x.device)  # (T, T_k), bottom-right aligned for the cache
+            if self.use_sdpa:
+                y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+            else:
+                y = scaled_dot_product_attention(q, k, v, mask, dropout_p=p)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, d_model): heads side by side
         return self.resid_dropout(self.c_proj(y))

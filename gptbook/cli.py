@@ -12,8 +12,16 @@ import sys
 
 import torch
 
-from .train import (PRESETS, TrainConfig, TrainingDiverged, checkpoint_state, list_checkpoints, load_checkpoint,
-                           pick_device, train)
+from gptbook.train import (
+    PRESETS,
+    TrainConfig,
+    TrainingDiverged,
+    checkpoint_state,
+    list_checkpoints,
+    load_checkpoint,
+    pick_device,
+    train,
+)
 
 # %% auto #0
 __all__ = ['config_from_args', 'build_parser', 'main']
@@ -21,6 +29,7 @@ __all__ = ['config_from_args', 'build_parser', 'main']
 # %% ../nbs/10_cli.ipynb #f8583402
 class _Parser(argparse.ArgumentParser):
     "An ArgumentParser whose errors are one line (the message and where to find help), exit status 2."
+
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
 
@@ -36,15 +45,22 @@ _MODEL_FLAGS = {  # flag -> (GPTConfig field, type, help)
     "--positions": ("positions", str, "position encoding: learned, sinusoidal, rope or none"),
     "--ffn": ("ffn", str, "feed-forward: gelu_tanh (GPT-2), gelu or swiglu"),
 }
-_BOOL_MODEL_FLAGS = {"--bias": ("bias", "biases in linear layers and norms"),
-                     "--tie-weights": ("tie_weights", "share the token embedding with the output head")}
+_BOOL_MODEL_FLAGS = {
+    "--bias": ("bias", "biases in linear layers and norms"),
+    "--tie-weights": ("tie_weights", "share the token embedding with the output head"),
+}
+
 
 def _add_train_args(p: argparse.ArgumentParser):
     d = TrainConfig()
     data = p.add_argument_group("data")
     data.add_argument("--data", metavar="PATH", help="a UTF-8 text file to train on (default: Tiny Shakespeare)")
-    data.add_argument("--tokenizer", choices=["char", "bpe"], help=f"characters or byte-pair encoding (default: {d.tokenizer})")
-    data.add_argument("--bpe-vocab-size", type=int, metavar="N", help=f"vocabulary of a BPE tokenizer (default: {d.bpe_vocab_size})")
+    data.add_argument(
+        "--tokenizer", choices=["char", "bpe"], help=f"characters or byte-pair encoding (default: {d.tokenizer})"
+    )
+    data.add_argument(
+        "--bpe-vocab-size", type=int, metavar="N", help=f"vocabulary of a BPE tokenizer (default: {d.bpe_vocab_size})"
+    )
     model = p.add_argument_group("model (a preset, then overrides)")
     model.add_argument("--preset", choices=PRESETS, help=f"model preset (default: {d.preset})")
     for flag, (_, typ, text) in _MODEL_FLAGS.items():
@@ -52,47 +68,92 @@ def _add_train_args(p: argparse.ArgumentParser):
     for flag, (_, text) in _BOOL_MODEL_FLAGS.items():
         model.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=text)
     opt = p.add_argument_group("optimization")
-    for flag, name, typ, text in [("--max-iters", "max_iters", int, "optimizer steps"),
-                                  ("--batch-size", "batch_size", int, "sequences per micro-step, per process"),
-                                  ("--grad-accum", "grad_accum", int, "micro-steps per optimizer step"),
-                                  ("--lr", "lr", float, "peak learning rate"),
-                                  ("--min-lr-ratio", "min_lr_ratio", float, "final learning rate / peak"),
-                                  ("--warmup-iters", "warmup_iters", int, "linear warmup steps"),
-                                  ("--weight-decay", "weight_decay", float, "AdamW decay of the weight matrices"),
-                                  ("--grad-clip", "grad_clip", float, "max gradient norm (0: no clipping)"),
-                                  ("--eval-interval", "eval_interval", int, "steps between evaluations and checkpoints"),
-                                  ("--eval-iters", "eval_iters", int, "batches per split in an evaluation"),
-                                  ("--seed", "seed", int, "random seed")]:
+    for flag, name, typ, text in [
+        ("--max-iters", "max_iters", int, "optimizer steps"),
+        ("--batch-size", "batch_size", int, "sequences per micro-step, per process"),
+        ("--grad-accum", "grad_accum", int, "micro-steps per optimizer step"),
+        ("--lr", "lr", float, "peak learning rate"),
+        ("--min-lr-ratio", "min_lr_ratio", float, "final learning rate / peak"),
+        ("--warmup-iters", "warmup_iters", int, "linear warmup steps"),
+        ("--weight-decay", "weight_decay", float, "AdamW decay of the weight matrices"),
+        ("--grad-clip", "grad_clip", float, "max gradient norm (0: no clipping)"),
+        ("--eval-interval", "eval_interval", int, "steps between evaluations and checkpoints"),
+        ("--eval-iters", "eval_iters", int, "batches per split in an evaluation"),
+        ("--seed", "seed", int, "random seed"),
+    ]:
         opt.add_argument(flag, type=typ, metavar=typ.__name__.upper(), help=f"{text} (default: {getattr(d, name)})")
     run = p.add_argument_group("run")
     run.add_argument("--out", metavar="DIR", help=f"run folder: checkpoints and metrics.jsonl (default: {d.out_dir})")
     run.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
     run.add_argument("--device", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps (default: auto)")
-    run.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], help="auto: bfloat16 on a GPU that has it, else float32")
-    run.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None, help="torch.compile the model (default: off)")
-    run.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="show a progress bar (default: on)")
-    run.add_argument("--sample-tokens", type=int, default=300, metavar="N",
-                     help="characters/tokens of the sample printed at the end; 0 for none (default: 300)")
+    run.add_argument(
+        "--dtype", choices=["auto", "float32", "bfloat16"], help="auto: bfloat16 on a GPU that has it, else float32"
+    )
+    run.add_argument(
+        "--compile", action=argparse.BooleanOptionalAction, default=None, help="torch.compile the model (default: off)"
+    )
+    run.add_argument(
+        "--progress", action=argparse.BooleanOptionalAction, default=None, help="show a progress bar (default: on)"
+    )
+    run.add_argument(
+        "--sample-tokens",
+        type=int,
+        default=300,
+        metavar="N",
+        help="characters/tokens of the sample printed at the end; 0 for none (default: 300)",
+    )
 
 # %% ../nbs/10_cli.ipynb #fde3d452
-_TRAIN_FIELDS = {"data": "data_path", "out": "out_dir", "tokenizer": "tokenizer", "bpe_vocab_size": "bpe_vocab_size",
-                 "preset": "preset", "device": "device", "dtype": "dtype", "compile": "compile", "progress": "progress",
-                 **{f: f for f in ("max_iters", "batch_size", "grad_accum", "lr", "min_lr_ratio", "warmup_iters",
-                                   "weight_decay", "grad_clip", "eval_interval", "eval_iters", "seed")}}
+_TRAIN_FIELDS = {
+    "data": "data_path",
+    "out": "out_dir",
+    "tokenizer": "tokenizer",
+    "bpe_vocab_size": "bpe_vocab_size",
+    "preset": "preset",
+    "device": "device",
+    "dtype": "dtype",
+    "compile": "compile",
+    "progress": "progress",
+    **{
+        f: f
+        for f in (
+            "max_iters",
+            "batch_size",
+            "grad_accum",
+            "lr",
+            "min_lr_ratio",
+            "warmup_iters",
+            "weight_decay",
+            "grad_clip",
+            "eval_interval",
+            "eval_iters",
+            "seed",
+        )
+    },
+}
+
 
 def _given(args, names) -> dict:
     return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
 
+
 def config_from_args(args) -> tuple[TrainConfig, bool]:
     "The TrainConfig that `gptbook train`'s flags describe, and whether to resume."
     train_given = {_TRAIN_FIELDS[k]: v for k, v in _given(args, _TRAIN_FIELDS).items()}
-    model_given = {**{f: getattr(args, flag[2:].replace("-", "_")) for flag, (f, *_) in _MODEL_FLAGS.items()},
-                   **{f: getattr(args, flag[2:].replace("-", "_")) for flag, (f, _) in _BOOL_MODEL_FLAGS.items()}}
+    model_given = {
+        **{f: getattr(args, flag[2:].replace("-", "_")) for flag, (f, *_) in _MODEL_FLAGS.items()},
+        **{f: getattr(args, flag[2:].replace("-", "_")) for flag, (f, _) in _BOOL_MODEL_FLAGS.items()},
+    }
     model_given = {k: v for k, v in model_given.items() if v is not None}
     if not args.resume:
         return TrainConfig(**train_given, model_overrides=model_given), False
-    flag_of = {**{f: flag for flag, (f, *_) in {**_MODEL_FLAGS, **_BOOL_MODEL_FLAGS}.items()},
-               "data_path": "--data", "tokenizer": "--tokenizer", "bpe_vocab_size": "--bpe-vocab-size", "preset": "--preset"}
+    flag_of = {
+        **{f: flag for flag, (f, *_) in {**_MODEL_FLAGS, **_BOOL_MODEL_FLAGS}.items()},
+        "data_path": "--data",
+        "tokenizer": "--tokenizer",
+        "bpe_vocab_size": "--bpe-vocab-size",
+        "preset": "--preset",
+    }
     if fixed := [flag_of[k] for k in [*train_given, *model_given] if k in flag_of]:
         raise ValueError(f"--resume continues a saved run, whose data and model cannot change; drop {', '.join(fixed)}")
     out_dir = train_given.get("out_dir", TrainConfig().out_dir)
@@ -102,11 +163,14 @@ def config_from_args(args) -> tuple[TrainConfig, bool]:
 # %% ../nbs/10_cli.ipynb #7824a80e
 def _print_sample(model, tokenizer, n: int, seed: int, prompt: str = "\n"):
     "Print `n` new tokens continuing `prompt`, at the book's default sampling settings."
-    try: ids = tokenizer.encode(prompt)
-    except ValueError: ids = [0]  # a vocabulary without the prompt's characters (a text with no newline): start from id 0
+    try:
+        ids = tokenizer.encode(prompt)
+    except ValueError:
+        ids = [0]  # a vocabulary without the prompt's characters (a text with no newline): start from id 0
     idx = torch.tensor([ids], device=next(model.parameters()).device)
     out = _generate(model, idx, n, temperature=0.8, top_p=0.9, generator=_generator(seed, idx.device))
     print(tokenizer.decode(out[0].tolist()))
+
 
 def _train(args) -> int:
     cfg, resume = config_from_args(args)
@@ -117,18 +181,42 @@ def _train(args) -> int:
             print(f"\n--- a sample from the model at step {trainer.iter} ---")
             _print_sample(trainer.raw_model.eval(), trainer.data.tokenizer, args.sample_tokens, cfg.seed)
             print("---")
-        if ckpts: print(f"checkpoint: {ckpts[-1]}\nmore text: gptbook sample --out {cfg.out_dir}")
+        if ckpts:
+            print(f"checkpoint: {ckpts[-1]}\nmore text: gptbook sample --out {cfg.out_dir}")
     return 0
 
 # %% ../nbs/10_cli.ipynb #0e51e2fc
 def _add_sample_args(p: argparse.ArgumentParser):
-    p.add_argument("--out", default="out", metavar="DIR", help="a run folder (its latest checkpoint) or a checkpoint folder (default: out)")
+    p.add_argument(
+        "--out",
+        default="out",
+        metavar="DIR",
+        help="a run folder (its latest checkpoint) or a checkpoint folder (default: out)",
+    )
     p.add_argument("--prompt", default="\n", metavar="TEXT", help="text to continue (default: a newline)")
-    p.add_argument("--max-new-tokens", type=int, default=500, metavar="N", help="tokens to generate per sample (default: 500)")
-    p.add_argument("--temperature", type=float, default=0.8, metavar="T", help="0 = greedy; below 1 sharper, above 1 flatter (default: 0.8)")
-    p.add_argument("--top-p", type=float, default=0.9, metavar="P", help="keep the smallest set of tokens with this much probability; 1 = off (default: 0.9)")
-    p.add_argument("--top-k", type=int, default=None, metavar="K", help="keep only the k most likely tokens (default: off)")
-    p.add_argument("--seed", type=int, default=None, metavar="N", help="random seed for reproducible samples (default: none)")
+    p.add_argument(
+        "--max-new-tokens", type=int, default=500, metavar="N", help="tokens to generate per sample (default: 500)"
+    )
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=0.8,
+        metavar="T",
+        help="0 = greedy; below 1 sharper, above 1 flatter (default: 0.8)",
+    )
+    p.add_argument(
+        "--top-p",
+        type=float,
+        default=0.9,
+        metavar="P",
+        help="keep the smallest set of tokens with this much probability; 1 = off (default: 0.9)",
+    )
+    p.add_argument(
+        "--top-k", type=int, default=None, metavar="K", help="keep only the k most likely tokens (default: off)"
+    )
+    p.add_argument(
+        "--seed", type=int, default=None, metavar="N", help="random seed for reproducible samples (default: none)"
+    )
     p.add_argument("--num-samples", type=int, default=1, metavar="N", help="how many samples (default: 1)")
     p.add_argument("--stream", action="store_true", help="print text as it is generated")
     p.add_argument("--device", default="auto", metavar="DEVICE", help="auto, cpu, cuda, cuda:N or mps (default: auto)")
@@ -137,25 +225,33 @@ def _add_sample_args(p: argparse.ArgumentParser):
 def _generator(seed, device):
     return None if seed is None else torch.Generator(device=device).manual_seed(seed)
 
+
 def _generate(model, idx, max_new_tokens, **kw):
     from gptbook.sample import generate
+
     return generate(model, idx, max_new_tokens, **kw)
 
+
 def _sample(args) -> int:
-    if args.num_samples < 1: raise ValueError(f"--num-samples must be at least 1, got {args.num_samples}")
-    if args.max_new_tokens < 0: raise ValueError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
-    if not args.prompt: raise ValueError("--prompt is empty: give at least one character to continue (the default is a newline)")
+    if args.num_samples < 1:
+        raise ValueError(f"--num-samples must be at least 1, got {args.num_samples}")
+    if args.max_new_tokens < 0:
+        raise ValueError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
+    if not args.prompt:
+        raise ValueError("--prompt is empty: give at least one character to continue (the default is a newline)")
     ck = load_checkpoint(args.out, device=pick_device(args.device))
     model, tok = ck.model, ck.tokenizer
     device = next(model.parameters()).device
     kw = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
-    idx = torch.tensor([tok.encode(args.prompt)], device=device)   # (1, T); unknown characters raise ValueError
+    idx = torch.tensor([tok.encode(args.prompt)], device=device)  # (1, T); unknown characters raise ValueError
     g = _generator(args.seed, device)
     for i in range(args.num_samples):
-        if i: print("\n---------------")
+        if i:
+            print("\n---------------")
         if args.stream:
             from gptbook.sample import stream
-            print(args.prompt, end="", flush=True)      # stream yields only the continuation
+
+            print(args.prompt, end="", flush=True)  # stream yields only the continuation
             for piece in stream(model, tok, args.prompt, args.max_new_tokens, generator=g, **kw):
                 print(piece, end="", flush=True)
             print()
@@ -166,21 +262,31 @@ def _sample(args) -> int:
 # %% ../nbs/10_cli.ipynb #c39896a8
 def build_parser() -> argparse.ArgumentParser:
     "The parser of the `gptbook` command and its subcommands `train` and `sample`."
-    p = _Parser(prog="gptbook", description="Train a GPT on Tiny Shakespeare (or your text) and sample from it.",
-                epilog="Examples: `gptbook train` (the CPU baby model, a few minutes), "
-                       "`gptbook sample --out out --prompt ROMEO:`. Several GPUs: "
-                       "`torchrun --standalone --nproc_per_node 8 -m gptbook train ...`.")
+    p = _Parser(
+        prog="gptbook",
+        description="Train a GPT on Tiny Shakespeare (or your text) and sample from it.",
+        epilog="Examples: `gptbook train` (the CPU baby model, a few minutes), "
+        "`gptbook sample --out out --prompt ROMEO:`. Several GPUs: "
+        "`torchrun --standalone --nproc_per_node 8 -m gptbook train ...`.",
+    )
     sub = p.add_subparsers(dest="command", metavar="{train,sample}")
-    t = sub.add_parser("train", help="train a model (no arguments: the CPU baby model on Tiny Shakespeare)",
-                       description="Train a GPT; with no arguments the CPU baby model (4 layers, 4 heads, d_model 128, "
-                                   "context 64, batch 12, lr 1e-3, 2,000 steps) on Tiny Shakespeare characters, into out/.")
+    t = sub.add_parser(
+        "train",
+        help="train a model (no arguments: the CPU baby model on Tiny Shakespeare)",
+        description="Train a GPT; with no arguments the CPU baby model (4 layers, 4 heads, d_model 128, "
+        "context 64, batch 12, lr 1e-3, 2,000 steps) on Tiny Shakespeare characters, into out/.",
+    )
     _add_train_args(t)
     t.set_defaults(func=_train)
-    s = sub.add_parser("sample", help="generate text from a trained model",
-                       description="Continue a prompt with the model of a checkpoint.")
+    s = sub.add_parser(
+        "sample",
+        help="generate text from a trained model",
+        description="Continue a prompt with the model of a checkpoint.",
+    )
     _add_sample_args(s)
     s.set_defaults(func=_sample)
     return p
+
 
 def main(argv=None) -> int:
     "Entry point of the `gptbook` command; returns the exit status."
@@ -191,12 +297,19 @@ def main(argv=None) -> int:
         return 2
     try:
         return args.func(args)
-    except (ValueError, TypeError, OSError, TrainingDiverged) as e:  # OSError: missing files, bad paths, permissions, network
-        if os.environ.get("GPTBOOK_DEBUG"): raise
+    except (
+        ValueError,
+        TypeError,
+        OSError,
+        TrainingDiverged,
+    ) as e:  # OSError: missing files, bad paths, permissions, network
+        if os.environ.get("GPTBOOK_DEBUG"):
+            raise
         print(f"gptbook {args.command}: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"\ngptbook {args.command}: interrupted", file=sys.stderr)
         return 130
     finally:
-        if torch.distributed.is_available() and torch.distributed.is_initialized(): torch.distributed.destroy_process_group()
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()

@@ -63,8 +63,10 @@ def download(url: str, dest: str | Path, sha256: str | None = None, timeout: flo
             f.flush()
             os.fsync(f.fileno())  # the bytes are on disk before the rename makes them visible
         if sha256 is not None and h.hexdigest() != sha256:
-            raise ChecksumError(f"Downloaded {url} but its SHA-256 is {h.hexdigest()}, expected {sha256}. "
-                                f"The file at the URL is not the expected one; nothing was written to {dest}.")
+            raise ChecksumError(
+                f"Downloaded {url} but its SHA-256 is {h.hexdigest()}, expected {sha256}. "
+                f"The file at the URL is not the expected one; nothing was written to {dest}."
+            )
         os.replace(tmp, dest)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -81,33 +83,47 @@ def _env_data_file() -> Path | None:
     if p.is_dir():
         p = p / TINY_SHAKESPEARE_FILENAME
     if not p.is_file():
-        raise FileNotFoundError(f"GPTBOOK_DATA={value!r} but {p} does not exist. Point GPTBOOK_DATA at "
-                                f"tinyshakespeare.txt (or a folder containing it), or unset it to use the cache.")
+        raise FileNotFoundError(
+            f"GPTBOOK_DATA={value!r} but {p} does not exist. Point GPTBOOK_DATA at "
+            f"tinyshakespeare.txt (or a folder containing it), or unset it to use the cache."
+        )
     return p
 
 # %% ../nbs/07_data.ipynb #2c2473fb
 def _how_to_supply(cache_file: Path) -> str:
-    return (f"Supply the file in one of these ways: pass tiny_shakespeare(path='/path/to/tinyshakespeare.txt'); "
-            f"or set GPTBOOK_DATA=/path/to/tinyshakespeare.txt (or a folder containing it); "
-            f"or copy it to {cache_file}. The file is {TINY_SHAKESPEARE_URL} "
-            f"(sha256 {TINY_SHAKESPEARE_SHA256}).")
+    return (
+        f"Supply the file in one of these ways: pass tiny_shakespeare(path='/path/to/tinyshakespeare.txt'); "
+        f"or set GPTBOOK_DATA=/path/to/tinyshakespeare.txt (or a folder containing it); "
+        f"or copy it to {cache_file}. The file is {TINY_SHAKESPEARE_URL} "
+        f"(sha256 {TINY_SHAKESPEARE_SHA256})."
+    )
 
 # %% ../nbs/07_data.ipynb #3deaa6de
 def _verified(p: Path, sha256: str, verify: bool, where: str) -> Path:
     if verify and (digest := sha256_file(p)) != sha256:
-        raise ChecksumError(f"{p} ({where}) has SHA-256 {digest}, but Tiny Shakespeare has {sha256}. "
-                            f"It is a different or damaged file: replace it, or pass verify=False to use it as it is.")
+        raise ChecksumError(
+            f"{p} ({where}) has SHA-256 {digest}, but Tiny Shakespeare has {sha256}. "
+            f"It is a different or damaged file: replace it, or pass verify=False to use it as it is."
+        )
     return p
 
 # %% ../nbs/07_data.ipynb #56226e53
-def tiny_shakespeare_path(path: str | Path | None = None, *, verify: bool = True, download_missing: bool = True,
-                          url: str = TINY_SHAKESPEARE_URL, sha256: str = TINY_SHAKESPEARE_SHA256) -> Path:
+def tiny_shakespeare_path(
+    path: str | Path | None = None,
+    *,
+    verify: bool = True,
+    download_missing: bool = True,
+    url: str = TINY_SHAKESPEARE_URL,
+    sha256: str = TINY_SHAKESPEARE_SHA256,
+) -> Path:
     "Locate (and if needed download) Tiny Shakespeare: `path`, then `$GPTBOOK_DATA`, then the cache, then `url`."
     if path is not None:
         p = Path(path).expanduser()
         if not p.is_file():
-            raise FileNotFoundError(f"No file at {p}. Pass the path of tinyshakespeare.txt, or path=None to use "
-                                    f"$GPTBOOK_DATA, the cache or a download.")
+            raise FileNotFoundError(
+                f"No file at {p}. Pass the path of tinyshakespeare.txt, or path=None to use "
+                f"$GPTBOOK_DATA, the cache or a download."
+            )
         return _verified(p, sha256, verify, "the path argument")
     if (p := _env_data_file()) is not None:
         return _verified(p, sha256, verify, "from $GPTBOOK_DATA")
@@ -115,10 +131,16 @@ def tiny_shakespeare_path(path: str | Path | None = None, *, verify: bool = True
     if cached.is_file():
         return _verified(cached, sha256, verify, "the cache")
     if not download_missing:
-        raise FileNotFoundError(f"Tiny Shakespeare is not in the cache and download_missing=False. {_how_to_supply(cached)}")
+        raise FileNotFoundError(
+            f"Tiny Shakespeare is not in the cache and download_missing=False. {_how_to_supply(cached)}"
+        )
     try:
         return download(url, cached, sha256=sha256)
-    except (urllib.error.URLError, http.client.HTTPException, OSError) as e:  # ChecksumError is a ValueError: it passes through
+    except (
+        urllib.error.URLError,
+        http.client.HTTPException,
+        OSError,
+    ) as e:  # ChecksumError is a ValueError: it passes through
         raise ConnectionError(f"Could not download Tiny Shakespeare from {url} ({e}). {_how_to_supply(cached)}") from e
 
 # %% ../nbs/07_data.ipynb #2ffbbcc3
@@ -140,8 +162,10 @@ def train_val_split(data, val_fraction: float = 0.1):
 def encode_to_array(tokenizer, text: str) -> np.ndarray:
     "Encode `text` with `tokenizer` into a 1-D `uint16` array. Example: CharTokenizer('ab') on 'abba' -> [0, 1, 1, 0]"
     if tokenizer.vocab_size > 2**16:
-        raise ValueError(f"vocab_size {tokenizer.vocab_size} does not fit in uint16 (at most 65,536 ids); "
-                         "use a smaller vocabulary or store the ids as uint32")
+        raise ValueError(
+            f"vocab_size {tokenizer.vocab_size} does not fit in uint16 (at most 65,536 ids); "
+            "use a smaller vocabulary or store the ids as uint32"
+        )
     return np.asarray(tokenizer.encode(text), dtype=np.uint16)
 
 # %% ../nbs/07_data.ipynb #31d4f7ce
@@ -150,7 +174,8 @@ def save_tokens(ids, path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     arr = np.asarray(ids)
-    if arr.ndim != 1: raise ValueError(f"save_tokens expects a 1-D array of ids, got shape {arr.shape}")
+    if arr.ndim != 1:
+        raise ValueError(f"save_tokens expects a 1-D array of ids, got shape {arr.shape}")
     if arr.size and (arr.min() < 0 or arr.max() >= 2**16):
         raise ValueError(f"ids must lie in 0..65535 to be stored as uint16, got min {arr.min()} and max {arr.max()}")
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
@@ -165,58 +190,81 @@ def save_tokens(ids, path) -> Path:
         raise
     return path
 
+
 def load_tokens(path) -> np.ndarray:
     "Memory-map a file written by `save_tokens` as a read-only 1-D `uint16` array."
     path = Path(path)
-    if not path.is_file(): raise FileNotFoundError(f"No token file at {path}; write one with save_tokens(ids, path)")
-    if path.stat().st_size == 0: return np.zeros(0, dtype=np.uint16)  # np.memmap refuses empty files
+    if not path.is_file():
+        raise FileNotFoundError(f"No token file at {path}; write one with save_tokens(ids, path)")
+    if path.stat().st_size == 0:
+        return np.zeros(0, dtype=np.uint16)  # np.memmap refuses empty files
     return np.memmap(path, dtype="<u2", mode="r")
 
 # %% ../nbs/07_data.ipynb #add1e904
-def get_batch(data, batch_size: int, context_len: int, generator: torch.Generator | None = None,
-              rank: int = 0, world_size: int = 1, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+def get_batch(
+    data,
+    batch_size: int,
+    context_len: int,
+    generator: torch.Generator | None = None,
+    rank: int = 0,
+    world_size: int = 1,
+    device=None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     "Random windows of `data`: inputs `x` and next-token targets `y`, both LongTensor (batch_size, context_len)."
     n = len(data)
     if n < context_len + 1:
-        raise ValueError(f"the data has {n:,} tokens but a batch needs windows of context_len + 1 = {context_len + 1:,}; "
-                         "use a shorter context (max_seq_len) or more text")
+        raise ValueError(
+            f"the data has {n:,} tokens but a batch needs windows of context_len + 1 = {context_len + 1:,}; "
+            "use a shorter context (max_seq_len) or more text"
+        )
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must be in 0..world_size-1, got rank={rank} with world_size={world_size}")
     offsets = torch.randint(0, n - context_len, (world_size * batch_size,), generator=generator)
-    offsets = offsets[rank * batch_size:(rank + 1) * batch_size].numpy()             # (B,) this rank's share
-    window = offsets[:, None] + np.arange(context_len + 1)                            # (B, T+1) positions
-    tokens = torch.from_numpy(np.asarray(data[window]).astype(np.int64))              # (B, T+1) ids
-    x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()                    # (B, T) each
+    offsets = offsets[rank * batch_size : (rank + 1) * batch_size].numpy()  # (B,) this rank's share
+    window = offsets[:, None] + np.arange(context_len + 1)  # (B, T+1) positions
+    tokens = torch.from_numpy(np.asarray(data[window]).astype(np.int64))  # (B, T+1) ids
+    x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()  # (B, T) each
     if device is not None and torch.device(device).type == "cuda":  # pinned memory lets the copy overlap compute
         return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
-    if device is not None: x, y = x.to(device), y.to(device)
+    if device is not None:
+        x, y = x.to(device), y.to(device)
     return x, y
 
 # %% ../nbs/07_data.ipynb #3e52e2fe
 @dataclass
 class TokenData:
     "A tokenized corpus: training and validation ids (`uint16` arrays) and the tokenizer that made them."
+
     train: np.ndarray
     val: np.ndarray
     tokenizer: object
 
     @property
-    def vocab_size(self) -> int: return self.tokenizer.vocab_size
+    def vocab_size(self) -> int:
+        return self.tokenizer.vocab_size
 
     def __repr__(self):
-        return f"TokenData(train={len(self.train):,} tokens, val={len(self.val):,} tokens, tokenizer={self.tokenizer!r})"
+        return (
+            f"TokenData(train={len(self.train):,} tokens, val={len(self.val):,} tokens, tokenizer={self.tokenizer!r})"
+        )
 
 # %% ../nbs/07_data.ipynb #e7aeb467
 def _read_text(path) -> str:
     "Tiny Shakespeare when `path` is None, else the UTF-8 text file at `path` (any text, no checksum)."
-    if path is None: return tiny_shakespeare()
+    if path is None:
+        return tiny_shakespeare()
     p = Path(path).expanduser()
-    if not p.is_file(): raise FileNotFoundError(f"No text file at {p}; give the path of a UTF-8 text file (or none, for Tiny Shakespeare)")
+    if not p.is_file():
+        raise FileNotFoundError(
+            f"No text file at {p}; give the path of a UTF-8 text file (or none, for Tiny Shakespeare)"
+        )
     return p.read_text(encoding="utf-8")
+
 
 def _bpe_ids(text: str, vocab_size: int, cache: bool):
     "Train (or load from the cache) a BPE of `vocab_size` ids on `text`, and the ids of `text` under it."
     from gptbook.tokenizer import BPETokenizer  # only BPE runs need it
+
     stem = cache_dir() / "tokens" / f"bpe{vocab_size}-{hashlib.sha256(text.encode('utf-8')).hexdigest()[:16]}"
     tok_file, ids_file = stem.with_suffix(".json"), stem.with_suffix(".bin")
     if cache and tok_file.is_file() and ids_file.is_file():
@@ -227,12 +275,15 @@ def _bpe_ids(text: str, vocab_size: int, cache: bool):
         ids_file.parent.mkdir(parents=True, exist_ok=True)
         save_tokens(ids, ids_file)  # ids first: a tokenizer file alone is never taken as a complete cache entry
         tmp = tok_file.with_name(f".{tok_file.name}.{os.getpid()}.part")
-        tok.save(tmp); os.replace(tmp, tok_file)
+        tok.save(tmp)
+        os.replace(tmp, tok_file)
         ids = load_tokens(ids_file)
     return tok, ids
 
-def load_token_data(tokenizer="char", vocab_size: int = 512, path=None, val_fraction: float = 0.1,
-                    cache: bool = True) -> TokenData:
+
+def load_token_data(
+    tokenizer="char", vocab_size: int = 512, path=None, val_fraction: float = 0.1, cache: bool = True
+) -> TokenData:
     "The text at `path` (None: Tiny Shakespeare) as ids of `tokenizer` ('char', 'bpe' or a tokenizer object), split by position."
     text = _read_text(path)
     if tokenizer == "char":

@@ -16,21 +16,28 @@ from .attention import MultiHeadAttention
 # %% ../nbs/05_blocks.ipynb #75472e75
 class FeedForward(nn.Module):
     "Position-wise MLP d_model -> d_ff -> d_model with a GELU in between (GPT-2's `mlp`)."
-    def __init__(self, d_model: int, d_ff: int | None = None, activation: str = "gelu_tanh", bias: bool = True,
-                 dropout: float = 0.0):
+
+    def __init__(
+        self,
+        d_model: int,
+        d_ff: int | None = None,
+        activation: str = "gelu_tanh",
+        bias: bool = True,
+        dropout: float = 0.0,
+    ):
         super().__init__()
         if activation not in ("gelu", "gelu_tanh"):
             raise ValueError(f"activation={activation!r} is not one of 'gelu', 'gelu_tanh' (SwiGLU is its own module)")
         d_ff = 4 * d_model if d_ff is None else d_ff  # GPT-2 widens by four
         self.activation = activation
-        self.c_fc = nn.Linear(d_model, d_ff, bias=bias)    # rows are the "keys" (see below)
+        self.c_fc = nn.Linear(d_model, d_ff, bias=bias)  # rows are the "keys" (see below)
         self.c_proj = nn.Linear(d_ff, d_model, bias=bias)  # columns are the "values"
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         approximate = "tanh" if self.activation == "gelu_tanh" else "none"
         h = F.gelu(self.c_fc(x), approximate=approximate)  # (B, T, d_ff)
-        return self.dropout(self.c_proj(h))                # (B, T, d_model)
+        return self.dropout(self.c_proj(h))  # (B, T, d_model)
 
 # %% ../nbs/05_blocks.ipynb #7b949edd
 def swiglu_hidden(d_model: int, multiple_of: int = 256) -> int:
@@ -41,6 +48,7 @@ def swiglu_hidden(d_model: int, multiple_of: int = 256) -> int:
 # %% ../nbs/05_blocks.ipynb #2a5d6268
 class SwiGLU(nn.Module):
     "Llama's gated FFN: down_proj(silu(gate_proj(x)) * up_proj(x)); d_ff defaults to swiglu_hidden(d_model)."
+
     def __init__(self, d_model: int, d_ff: int | None = None, bias: bool = False, dropout: float = 0.0):
         super().__init__()
         d_ff = swiglu_hidden(d_model) if d_ff is None else d_ff
@@ -51,18 +59,20 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = F.silu(self.gate_proj(x)) * self.up_proj(x)  # (B, T, d_ff): the gate scales each hidden unit
-        return self.dropout(self.down_proj(h))           # (B, T, d_model)
+        return self.dropout(self.down_proj(h))  # (B, T, d_model)
 
 # %% ../nbs/05_blocks.ipynb #fc13f623
 class RMSNorm(nn.Module):
     "x / sqrt(mean(x^2) + eps) * weight along the last axis (Llama's norm: no mean, no bias)."
+
     def __init__(self, d_model: int, eps: float = 1e-5):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(d_model))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if hasattr(F, "rms_norm"): return F.rms_norm(x, self.weight.shape, self.weight, self.eps)  # torch >= 2.4
+        if hasattr(F, "rms_norm"):
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)  # torch >= 2.4
         x32 = x.float()  # older torch: the mean of squares in float32, as the fused kernel does
         return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
 
@@ -71,24 +81,42 @@ NORMS = ("layernorm", "rmsnorm")
 FFNS = ("gelu", "gelu_tanh", "swiglu")
 NORM_POSITIONS = ("pre", "post")
 
+
 def make_norm(norm: str, d_model: int, eps: float = 1e-5, bias: bool = True) -> nn.Module:
     "A LayerNorm (with or without bias) or an RMSNorm of width d_model, by name."
-    if norm == "layernorm": return nn.LayerNorm(d_model, eps=eps, bias=bias)
-    if norm == "rmsnorm": return RMSNorm(d_model, eps=eps)
+    if norm == "layernorm":
+        return nn.LayerNorm(d_model, eps=eps, bias=bias)
+    if norm == "rmsnorm":
+        return RMSNorm(d_model, eps=eps)
     raise ValueError(f"norm={norm!r} is not one of {NORMS}")
+
 
 def make_ffn(ffn: str, d_model: int, d_ff: int | None = None, bias: bool = True, dropout: float = 0.0) -> nn.Module:
     "The feed-forward sublayer by name: 'gelu' or 'gelu_tanh' (FeedForward), 'swiglu' (SwiGLU)."
-    if ffn in ("gelu", "gelu_tanh"): return FeedForward(d_model, d_ff, activation=ffn, bias=bias, dropout=dropout)
-    if ffn == "swiglu": return SwiGLU(d_model, d_ff, bias=bias, dropout=dropout)
+    if ffn in ("gelu", "gelu_tanh"):
+        return FeedForward(d_model, d_ff, activation=ffn, bias=bias, dropout=dropout)
+    if ffn == "swiglu":
+        return SwiGLU(d_model, d_ff, bias=bias, dropout=dropout)
     raise ValueError(f"ffn={ffn!r} is not one of {FFNS}")
 
 # %% ../nbs/05_blocks.ipynb #ed47224e
 class Block(nn.Module):
     "One transformer block: attention then FFN, each in a residual add, normalized before (pre) or after (post) it."
-    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None, d_ff: int | None = None,
-                 norm: str = "layernorm", norm_position: str = "pre", ffn: str = "gelu_tanh", bias: bool = True,
-                 dropout: float = 0.0, norm_eps: float = 1e-5, use_sdpa: bool = True):
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        n_kv_heads: int | None = None,
+        d_ff: int | None = None,
+        norm: str = "layernorm",
+        norm_position: str = "pre",
+        ffn: str = "gelu_tanh",
+        bias: bool = True,
+        dropout: float = 0.0,
+        norm_eps: float = 1e-5,
+        use_sdpa: bool = True,
+    ):
         super().__init__()
         if norm_position not in NORM_POSITIONS:
             raise ValueError(f"norm_position={norm_position!r} is not one of {NORM_POSITIONS}")
@@ -101,6 +129,6 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor, rope=None, cache=None) -> torch.Tensor:
         if self.norm_position == "pre":  # the stream x is only ever added to
             x = x + self.attn(self.ln_1(x), rope=rope, cache=cache)  # (B, T, d_model)
-            return x + self.mlp(self.ln_2(x))                        # (B, T, d_model)
-        x = self.ln_1(x + self.attn(x, rope=rope, cache=cache))      # post: normalize the sum
+            return x + self.mlp(self.ln_2(x))  # (B, T, d_model)
+        x = self.ln_1(x + self.attn(x, rope=rope, cache=cache))  # post: normalize the sum
         return self.ln_2(x + self.mlp(x))

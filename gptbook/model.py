@@ -20,62 +20,92 @@ from .positions import LearnedPositions, rope_angles, rope_halves_to_interleaved
 # %% ../nbs/06_model.ipynb #2c92c3b3
 POSITIONS = ("learned", "sinusoidal", "rope", "none")
 
+
 @dataclass
 class GPTConfig:
     "Everything that fixes a GPT's architecture; the defaults are GPT-2 small (124M parameters)."
-    vocab_size: int = 50257     # GPT-2's BPE: 256 bytes + 50,000 merges + <|endoftext|>
-    max_seq_len: int = 1024     # context length: learned positions exist only up to here
-    n_layers: int = 12          # number of blocks
-    n_heads: int = 12           # query heads per attention layer; head_dim = d_model // n_heads = 64
-    d_model: int = 768          # width of the residual stream
-    n_kv_heads: int | None = None  # key/value heads: None = n_heads (multi-head), fewer = grouped-query (Llama 2 70B: 8)
-    d_ff: int | None = None     # FFN width: None = 4 * d_model for GELU, swiglu_hidden(d_model) for SwiGLU
-    norm: str = "layernorm"     # "layernorm" (GPT-2) or "rmsnorm" (Llama)
+
+    vocab_size: int = 50257  # GPT-2's BPE: 256 bytes + 50,000 merges + <|endoftext|>
+    max_seq_len: int = 1024  # context length: learned positions exist only up to here
+    n_layers: int = 12  # number of blocks
+    n_heads: int = 12  # query heads per attention layer; head_dim = d_model // n_heads = 64
+    d_model: int = 768  # width of the residual stream
+    n_kv_heads: int | None = (
+        None  # key/value heads: None = n_heads (multi-head), fewer = grouped-query (Llama 2 70B: 8)
+    )
+    d_ff: int | None = None  # FFN width: None = 4 * d_model for GELU, swiglu_hidden(d_model) for SwiGLU
+    norm: str = "layernorm"  # "layernorm" (GPT-2) or "rmsnorm" (Llama)
     norm_position: str = "pre"  # "pre" (GPT-2 onwards) or "post" (the 2017 transformer)
     positions: str = "learned"  # "learned" (GPT-2), "sinusoidal" (2017), "rope" (Llama) or "none"
-    ffn: str = "gelu_tanh"      # "gelu" (exact), "gelu_tanh" (GPT-2's approximation) or "swiglu" (Llama)
-    bias: bool = True           # biases in the linear layers and LayerNorms (GPT-2: yes; Llama: no)
-    tie_weights: bool = True    # the head reuses the token embedding matrix (GPT-2: yes; Llama 2: no)
-    dropout: float = 0.0        # 0 for large data; 0.1-0.2 regularizes small models on small data
+    ffn: str = "gelu_tanh"  # "gelu" (exact), "gelu_tanh" (GPT-2's approximation) or "swiglu" (Llama)
+    bias: bool = True  # biases in the linear layers and LayerNorms (GPT-2: yes; Llama: no)
+    tie_weights: bool = True  # the head reuses the token embedding matrix (GPT-2: yes; Llama 2: no)
+    dropout: float = 0.0  # 0 for large data; 0.1-0.2 regularizes small models on small data
     rope_base: float = 10000.0  # RoPE's base: pair k turns by base^(-2k/head_dim) radians per position
-    norm_eps: float = 1e-5      # epsilon inside the norms (GPT-2: 1e-5; Llama checkpoints: 1e-5 or 1e-6)
-    use_sdpa: bool = True       # fused F.scaled_dot_product_attention; False = chapter 3's manual attention
+    norm_eps: float = 1e-5  # epsilon inside the norms (GPT-2: 1e-5; Llama checkpoints: 1e-5 or 1e-6)
+    use_sdpa: bool = True  # fused F.scaled_dot_product_attention; False = chapter 3's manual attention
 
     def __post_init__(self):
-        def bad(name, why): raise ValueError(f"{name}={getattr(self, name)!r} {why}")
-        def is_int(v): return isinstance(v, int) and not isinstance(v, bool)
-        def is_num(v): return isinstance(v, (int, float)) and not isinstance(v, bool)
+        def bad(name, why):
+            raise ValueError(f"{name}={getattr(self, name)!r} {why}")
+
+        def is_int(v):
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        def is_num(v):
+            return isinstance(v, (int, float)) and not isinstance(v, bool)
+
         for name in ("vocab_size", "max_seq_len", "n_layers", "n_heads", "d_model"):
-            if not is_int(getattr(self, name)) or getattr(self, name) < 1: bad(name, "must be a positive integer")
+            if not is_int(getattr(self, name)) or getattr(self, name) < 1:
+                bad(name, "must be a positive integer")
         for name in ("n_kv_heads", "d_ff"):
             v = getattr(self, name)
-            if v is not None and (not is_int(v) or v < 1): bad(name, "must be a positive integer or None")
+            if v is not None and (not is_int(v) or v < 1):
+                bad(name, "must be a positive integer or None")
         if self.d_model % self.n_heads:
             bad("d_model", f"is not divisible by n_heads={self.n_heads}: each head gets d_model // n_heads features")
         if self.n_kv_heads is not None and self.n_heads % self.n_kv_heads:
-            bad("n_kv_heads", f"does not divide n_heads={self.n_heads}: each key/value head serves n_heads // n_kv_heads query heads")
-        for name, allowed in (("norm", NORMS), ("norm_position", NORM_POSITIONS), ("positions", POSITIONS), ("ffn", FFNS)):
-            if getattr(self, name) not in allowed: bad(name, f"is not one of {allowed}")
+            bad(
+                "n_kv_heads",
+                f"does not divide n_heads={self.n_heads}: each key/value head serves n_heads // n_kv_heads query heads",
+            )
+        for name, allowed in (
+            ("norm", NORMS),
+            ("norm_position", NORM_POSITIONS),
+            ("positions", POSITIONS),
+            ("ffn", FFNS),
+        ):
+            if getattr(self, name) not in allowed:
+                bad(name, f"is not one of {allowed}")
         for name in ("bias", "tie_weights", "use_sdpa"):
-            if not isinstance(getattr(self, name), bool): bad(name, "must be True or False")
-        if not is_num(self.dropout) or not 0.0 <= self.dropout < 1.0: bad("dropout", "must be a probability in [0, 1)")
-        if not is_num(self.rope_base) or self.rope_base <= 1: bad("rope_base", "must be a number greater than 1")
-        if not is_num(self.norm_eps) or self.norm_eps <= 0: bad("norm_eps", "must be a positive number")
+            if not isinstance(getattr(self, name), bool):
+                bad(name, "must be True or False")
+        if not is_num(self.dropout) or not 0.0 <= self.dropout < 1.0:
+            bad("dropout", "must be a probability in [0, 1)")
+        if not is_num(self.rope_base) or self.rope_base <= 1:
+            bad("rope_base", "must be a number greater than 1")
+        if not is_num(self.norm_eps) or self.norm_eps <= 0:
+            bad("norm_eps", "must be a positive number")
         if self.positions == "rope" and self.head_dim % 2:
-            bad("d_model", f"gives an odd head_dim={self.head_dim} (d_model // n_heads): RoPE rotates pairs of features")
+            bad(
+                "d_model", f"gives an odd head_dim={self.head_dim} (d_model // n_heads): RoPE rotates pairs of features"
+            )
         if self.positions == "sinusoidal" and self.d_model % 2:
             bad("d_model", "is odd: sinusoidal positions come in sin/cos pairs")
 
     @property
-    def head_dim(self) -> int: return self.d_model // self.n_heads
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
 
     @property
-    def kv_heads(self) -> int: return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+    def kv_heads(self) -> int:
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
 
     @property
     def hidden_dim(self) -> int:
         "The FFN width used: d_ff, or its default for the chosen FFN."
-        if self.d_ff is not None: return self.d_ff
+        if self.d_ff is not None:
+            return self.d_ff
         return swiglu_hidden(self.d_model) if self.ffn == "swiglu" else 4 * self.d_model
 
     def to_dict(self) -> dict:
@@ -87,7 +117,8 @@ class GPTConfig:
         "Inverse of `to_dict`; unknown keys are an error (a typo must not silently fall back to a default)."
         known = [f.name for f in fields(cls)]
         unknown = sorted(set(d) - set(known))
-        if unknown: raise ValueError(f"unknown GPTConfig field(s) {unknown}: the fields are {known}")
+        if unknown:
+            raise ValueError(f"unknown GPTConfig field(s) {unknown}: the fields are {known}")
         return cls(**d)
 
     @classmethod
@@ -98,23 +129,32 @@ class GPTConfig:
     @classmethod
     def llama_style(cls, **overrides) -> "GPTConfig":
         "Llama's choices (RMSNorm, RoPE, SwiGLU, no biases, untied head); the sizes default to GPT-2 small's."
-        return cls(**{**dict(norm="rmsnorm", positions="rope", ffn="swiglu", bias=False, tie_weights=False), **overrides})
+        return cls(
+            **{**dict(norm="rmsnorm", positions="rope", ffn="swiglu", bias=False, tie_weights=False), **overrides}
+        )
 
     @classmethod
     def baby(cls, vocab_size: int, **overrides) -> "GPTConfig":
         "The CPU model: 4 layers, 4 heads, d_model 128, context 64, GPT-2 style, no dropout."
-        return cls(**{**dict(vocab_size=vocab_size, max_seq_len=64, n_layers=4, n_heads=4, d_model=128, dropout=0.0),
-                      **overrides})
+        return cls(
+            **{
+                **dict(vocab_size=vocab_size, max_seq_len=64, n_layers=4, n_heads=4, d_model=128, dropout=0.0),
+                **overrides,
+            }
+        )
 
 # %% ../nbs/06_model.ipynb #8310adf3
 class GPT(nn.Module):
     "A decoder-only transformer: embeddings, n_layers blocks, final norm, linear head; GPT-2 or Llama style by config."
+
     def __init__(self, config: GPTConfig):
         super().__init__()
-        if not isinstance(config, GPTConfig): raise TypeError(f"GPT needs a GPTConfig, got {type(config).__name__}")
+        if not isinstance(config, GPTConfig):
+            raise TypeError(f"GPT needs a GPTConfig, got {type(config).__name__}")
         c = self.config = config
         self.wte = nn.Embedding(c.vocab_size, c.d_model)
-        if c.positions == "learned": self.wpe = LearnedPositions(c.max_seq_len, c.d_model)
+        if c.positions == "learned":
+            self.wpe = LearnedPositions(c.max_seq_len, c.d_model)
         elif c.positions == "sinusoidal":  # fixed tables: buffers, left out of the state_dict
             self.register_buffer("pe", sinusoidal_table(c.max_seq_len, c.d_model), persistent=False)
         elif c.positions == "rope":
@@ -122,14 +162,29 @@ class GPT(nn.Module):
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
         self.drop = nn.Dropout(c.dropout)
-        self.blocks = nn.ModuleList([
-            Block(c.d_model, c.n_heads, c.n_kv_heads, c.hidden_dim, norm=c.norm, norm_position=c.norm_position,
-                  ffn=c.ffn, bias=c.bias, dropout=c.dropout, norm_eps=c.norm_eps, use_sdpa=c.use_sdpa)
-            for _ in range(c.n_layers)])
+        self.blocks = nn.ModuleList(
+            [
+                Block(
+                    c.d_model,
+                    c.n_heads,
+                    c.n_kv_heads,
+                    c.hidden_dim,
+                    norm=c.norm,
+                    norm_position=c.norm_position,
+                    ffn=c.ffn,
+                    bias=c.bias,
+                    dropout=c.dropout,
+                    norm_eps=c.norm_eps,
+                    use_sdpa=c.use_sdpa,
+                )
+                for _ in range(c.n_layers)
+            ]
+        )
         # pre-norm leaves the stream un-normalized; post-norm blocks already end in a norm
         self.ln_f = make_norm(c.norm, c.d_model, c.norm_eps, c.bias) if c.norm_position == "pre" else nn.Identity()
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
-        if c.tie_weights: self.lm_head.weight = self.wte.weight  # one matrix, two uses
+        if c.tie_weights:
+            self.lm_head.weight = self.wte.weight  # one matrix, two uses
         self.reset_parameters()
 
     @torch.no_grad()
@@ -138,10 +193,12 @@ class GPT(nn.Module):
         for m in self.modules():
             if isinstance(m, (nn.Linear, nn.Embedding, LearnedPositions)):
                 nn.init.normal_(m.weight, std=0.02)
-                if getattr(m, "bias", None) is not None: nn.init.zeros_(m.bias)
+                if getattr(m, "bias", None) is not None:
+                    nn.init.zeros_(m.bias)
             elif isinstance(m, (nn.LayerNorm, RMSNorm)):
                 nn.init.ones_(m.weight)
-                if getattr(m, "bias", None) is not None: nn.init.zeros_(m.bias)
+                if getattr(m, "bias", None) is not None:
+                    nn.init.zeros_(m.bias)
         for name, p in self.named_parameters():
             if name.endswith(("attn.c_proj.weight", "mlp.c_proj.weight", "mlp.down_proj.weight")):
                 nn.init.normal_(p, std=0.02 / math.sqrt(2 * self.config.n_layers))
@@ -151,59 +208,81 @@ class GPT(nn.Module):
         c, end = self.config, start + T
         if c.positions == "learned":
             if end > c.max_seq_len:
-                raise ValueError(f"positions {start}..{end - 1} exceed max_seq_len={c.max_seq_len} of the learned position "
-                                 f"table (T={T} new tokens after {start} cached): crop the context to {c.max_seq_len} tokens")
-            return self.wpe(T, start), None                                     # (T, d_model)
+                raise ValueError(
+                    f"positions {start}..{end - 1} exceed max_seq_len={c.max_seq_len} of the learned position "
+                    f"table (T={T} new tokens after {start} cached): crop the context to {c.max_seq_len} tokens"
+                )
+            return self.wpe(T, start), None  # (T, d_model)
         if c.positions == "sinusoidal":  # defined at every position: extend the table when asked to extrapolate
             pe = self.pe if end <= self.pe.shape[0] else sinusoidal_table(end, c.d_model).to(self.pe)
-            return pe[start:end], None                                          # (T, d_model)
+            return pe[start:end], None  # (T, d_model)
         if c.positions == "rope":
             cos, sin = self.rope_cos, self.rope_sin
-            if end > cos.shape[0]: cos, sin = (t.to(self.rope_cos) for t in rope_angles(end, c.head_dim, c.rope_base))
-            return None, (cos[start:end], sin[start:end])                       # each (T, head_dim / 2)
+            if end > cos.shape[0]:
+                cos, sin = (t.to(self.rope_cos) for t in rope_angles(end, c.head_dim, c.rope_base))
+            return None, (cos[start:end], sin[start:end])  # each (T, head_dim / 2)
         return None, None
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: list | None = None):
         "Logits (B, T, vocab_size) for token ids idx (B, T); with targets (B, T), (logits, mean cross-entropy)."
-        if idx.dim() != 2: raise ValueError(f"idx must be (B, T) token ids, got shape {tuple(idx.shape)}")
+        if idx.dim() != 2:
+            raise ValueError(f"idx must be (B, T) token ids, got shape {tuple(idx.shape)}")
         B, T = idx.shape
         if cache is not None and len(cache) != len(self.blocks):
-            raise ValueError(f"cache has {len(cache)} layers but the model has {len(self.blocks)}: use model.make_cache(...)")
+            raise ValueError(
+                f"cache has {len(cache)} layers but the model has {len(self.blocks)}: use model.make_cache(...)"
+            )
         start = 0 if cache is None else cache[0].pos  # positions continue after what the cache holds
         added, rope = self._positions(start, T)
-        x = self.wte(idx)                               # (B, T, d_model)
-        if added is not None: x = x + added             # (T, d_model) broadcast over the batch
+        x = self.wte(idx)  # (B, T, d_model)
+        if added is not None:
+            x = x + added  # (T, d_model) broadcast over the batch
         x = self.drop(x)
         for i, blk in enumerate(self.blocks):
             x = blk(x, rope=rope, cache=None if cache is None else cache[i])  # (B, T, d_model)
-        logits = self.lm_head(self.ln_f(x))             # (B, T, vocab_size)
-        if targets is None: return logits
+        logits = self.lm_head(self.ln_f(x))  # (B, T, vocab_size)
+        if targets is None:
+            return logits
         if targets.shape != idx.shape:
-            raise ValueError(f"targets must have the shape of idx, (B, T) = {tuple(idx.shape)}, got {tuple(targets.shape)}: "
-                             "targets[b, t] is the token that follows idx[b, t]")
+            raise ValueError(
+                f"targets must have the shape of idx, (B, T) = {tuple(idx.shape)}, got {tuple(targets.shape)}: "
+                "targets[b, t] is the token that follows idx[b, t]"
+            )
         return logits, F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
 
     def make_cache(self, batch_size: int, max_len: int | None = None, device=None, dtype=None) -> list:
         "One empty KVCache per block for max_len positions (default max_seq_len), on the model's device and dtype."
         c, w = self.config, self.wte.weight
-        return [KVCache(batch_size, c.kv_heads, max_len or c.max_seq_len, c.head_dim,
-                        device=device or w.device, dtype=dtype or w.dtype) for _ in self.blocks]
+        return [
+            KVCache(
+                batch_size,
+                c.kv_heads,
+                max_len or c.max_seq_len,
+                c.head_dim,
+                device=device or w.device,
+                dtype=dtype or w.dtype,
+            )
+            for _ in self.blocks
+        ]
 
     def num_params(self, exclude_embeddings: bool = False) -> int:
         "Number of parameters, a tied matrix counted once; optionally without the token and position tables."
         n = sum(p.numel() for p in self.parameters())  # parameters() yields a shared tensor once
         if exclude_embeddings:
             n -= self.wte.weight.numel()
-            if self.config.positions == "learned": n -= self.wpe.weight.numel()
+            if self.config.positions == "learned":
+                n -= self.wpe.weight.numel()
         return n
 
     def flops_per_token(self, seq_len: int | None = None, training: bool = True) -> int:
         "Matmul FLOPs per token: 2N + 4 L d T forward (N without lookup tables), three times that to train."
         c, T = self.config, seq_len or self.config.max_seq_len
         n = self.num_params()
-        if c.positions == "learned": n -= self.wpe.weight.numel()  # a lookup: no multiply
-        if not c.tie_weights: n -= self.wte.weight.numel()        # untied: the embedding is only a lookup
-        forward = 2 * n + 4 * c.n_layers * c.d_model * T           # + q.k with T keys and the sum of T values
+        if c.positions == "learned":
+            n -= self.wpe.weight.numel()  # a lookup: no multiply
+        if not c.tie_weights:
+            n -= self.wte.weight.numel()  # untied: the embedding is only a lookup
+        forward = 2 * n + 4 * c.n_layers * c.d_model * T  # + q.k with T keys and the sum of T values
         return 3 * forward if training else forward
 
     def mfu(self, tokens_per_sec: float, peak_flops: float, seq_len: int | None = None) -> float:
@@ -223,108 +302,178 @@ def clean_state_dict(state_dict: dict) -> dict:
     "The state_dict with the `_orig_mod.` (torch.compile) and `module.` (DDP) prefixes removed from every key."
     out = {}
     for key, value in state_dict.items():
-        while key.startswith(("_orig_mod.", "module.")): key = key.split(".", 1)[1]
+        while key.startswith(("_orig_mod.", "module.")):
+            key = key.split(".", 1)[1]
         out[key] = value
     return out
 
 # %% ../nbs/06_model.ipynb #3709123e
 def _architecture(hf: dict) -> str:
     arch, model_type = (hf.get("architectures") or [None])[0], hf.get("model_type")
-    if arch == "GPT2LMHeadModel" or (arch is None and model_type == "gpt2"): return "gpt2"
-    if arch == "LlamaForCausalLM" or (arch is None and model_type == "llama"): return "llama"
-    raise ValueError(f"unsupported architecture {arch or model_type!r}: GPT.from_hf reads GPT2LMHeadModel and "
-                     f"LlamaForCausalLM folders")
+    if arch == "GPT2LMHeadModel" or (arch is None and model_type == "gpt2"):
+        return "gpt2"
+    if arch == "LlamaForCausalLM" or (arch is None and model_type == "llama"):
+        return "llama"
+    raise ValueError(
+        f"unsupported architecture {arch or model_type!r}: GPT.from_hf reads GPT2LMHeadModel and "
+        f"LlamaForCausalLM folders"
+    )
+
 
 def config_from_hf(hf: dict) -> GPTConfig:
     "The GPTConfig of a Hugging Face GPT-2 or Llama config.json (as a dict)."
-    def refuse(key, value, why): raise ValueError(f"config.json has {key}={value!r}: {why}, which GPT does not implement")
+
+    def refuse(key, value, why):
+        raise ValueError(f"config.json has {key}={value!r}: {why}, which GPT does not implement")
+
     if _architecture(hf) == "gpt2":
         act = hf.get("activation_function", "gelu_new")
         ffn = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}.get(act)
-        if ffn is None: refuse("activation_function", act, "an activation other than GELU")
-        if hf.get("scale_attn_by_inverse_layer_idx"): refuse("scale_attn_by_inverse_layer_idx", True, "per-layer attention scaling")
-        if hf.get("scale_attn_weights") is False: refuse("scale_attn_weights", False, "attention without the 1/sqrt(d_k) scale")
-        return GPTConfig(vocab_size=hf["vocab_size"], max_seq_len=hf["n_positions"], n_layers=hf["n_layer"],
-                         n_heads=hf["n_head"], d_model=hf["n_embd"], d_ff=hf.get("n_inner"), ffn=ffn,
-                         tie_weights=hf.get("tie_word_embeddings", True), norm_eps=hf.get("layer_norm_epsilon", 1e-5))
-    if hf.get("hidden_act", "silu") != "silu": refuse("hidden_act", hf["hidden_act"], "a gate other than SiLU")
+        if ffn is None:
+            refuse("activation_function", act, "an activation other than GELU")
+        if hf.get("scale_attn_by_inverse_layer_idx"):
+            refuse("scale_attn_by_inverse_layer_idx", True, "per-layer attention scaling")
+        if hf.get("scale_attn_weights") is False:
+            refuse("scale_attn_weights", False, "attention without the 1/sqrt(d_k) scale")
+        return GPTConfig(
+            vocab_size=hf["vocab_size"],
+            max_seq_len=hf["n_positions"],
+            n_layers=hf["n_layer"],
+            n_heads=hf["n_head"],
+            d_model=hf["n_embd"],
+            d_ff=hf.get("n_inner"),
+            ffn=ffn,
+            tie_weights=hf.get("tie_word_embeddings", True),
+            norm_eps=hf.get("layer_norm_epsilon", 1e-5),
+        )
+    if hf.get("hidden_act", "silu") != "silu":
+        refuse("hidden_act", hf["hidden_act"], "a gate other than SiLU")
     if hf.get("attention_bias", False) != hf.get("mlp_bias", False):
-        refuse("attention_bias", hf.get("attention_bias"), f"biases in attention but not in the MLP (mlp_bias={hf.get('mlp_bias')}) or the reverse")
+        refuse(
+            "attention_bias",
+            hf.get("attention_bias"),
+            f"biases in attention but not in the MLP (mlp_bias={hf.get('mlp_bias')}) or the reverse",
+        )
     rope = hf.get("rope_parameters") or {}
-    if (hf.get("rope_scaling") or rope.get("rope_type", "default") != "default"):
+    if hf.get("rope_scaling") or rope.get("rope_type", "default") != "default":
         refuse("rope_scaling", hf.get("rope_scaling") or rope, "RoPE scaling")
     d_model, n_heads = hf["hidden_size"], hf["num_attention_heads"]
     if hf.get("head_dim") not in (None, d_model // n_heads):
-        refuse("head_dim", hf["head_dim"], f"a head width other than hidden_size // num_attention_heads = {d_model // n_heads}")
-    return GPTConfig(vocab_size=hf["vocab_size"], max_seq_len=hf.get("max_position_embeddings", 2048),
-                     n_layers=hf["num_hidden_layers"], n_heads=n_heads, d_model=d_model,
-                     n_kv_heads=hf.get("num_key_value_heads") or n_heads, d_ff=hf["intermediate_size"],
-                     norm="rmsnorm", positions="rope", ffn="swiglu", bias=bool(hf.get("attention_bias", False)),
-                     tie_weights=hf.get("tie_word_embeddings", False),
-                     rope_base=float(hf.get("rope_theta") or rope.get("rope_theta", 10000.0)),
-                     norm_eps=hf.get("rms_norm_eps", 1e-6))
+        refuse(
+            "head_dim",
+            hf["head_dim"],
+            f"a head width other than hidden_size // num_attention_heads = {d_model // n_heads}",
+        )
+    return GPTConfig(
+        vocab_size=hf["vocab_size"],
+        max_seq_len=hf.get("max_position_embeddings", 2048),
+        n_layers=hf["num_hidden_layers"],
+        n_heads=n_heads,
+        d_model=d_model,
+        n_kv_heads=hf.get("num_key_value_heads") or n_heads,
+        d_ff=hf["intermediate_size"],
+        norm="rmsnorm",
+        positions="rope",
+        ffn="swiglu",
+        bias=bool(hf.get("attention_bias", False)),
+        tie_weights=hf.get("tie_word_embeddings", False),
+        rope_base=float(hf.get("rope_theta") or rope.get("rope_theta", 10000.0)),
+        norm_eps=hf.get("rms_norm_eps", 1e-6),
+    )
 
 # %% ../nbs/06_model.ipynb #cd8bafe1
 def _hf_gpt2_plan(c: GPTConfig, names) -> list:
     pre = "transformer." if "transformer.wte.weight" in names else ""
     t = lambda w: w.t()  # Conv1D stores (in, out); nn.Linear wants (out, in)
     d, f = c.d_model, c.hidden_dim
-    plan = [("wte.weight", [(pre + "wte.weight", (c.vocab_size, d))], None),
-            ("wpe.weight", [(pre + "wpe.weight", (c.max_seq_len, d))], None)]
+    plan = [
+        ("wte.weight", [(pre + "wte.weight", (c.vocab_size, d))], None),
+        ("wpe.weight", [(pre + "wpe.weight", (c.max_seq_len, d))], None),
+    ]
     for i in range(c.n_layers):
         h = f"{pre}h.{i}."
         for ln in ("ln_1", "ln_2"):
             plan += [(f"blocks.{i}.{ln}.{k}", [(f"{h}{ln}.{k}", (d,))], None) for k in ("weight", "bias")]
-        for ours, shape in (("attn.c_attn", (d, 3 * d)), ("attn.c_proj", (d, d)), ("mlp.c_fc", (d, f)), ("mlp.c_proj", (f, d))):
-            plan += [(f"blocks.{i}.{ours}.weight", [(f"{h}{ours}.weight", shape)], t),
-                     (f"blocks.{i}.{ours}.bias", [(f"{h}{ours}.bias", shape[1:])], None)]
+        for ours, shape in (
+            ("attn.c_attn", (d, 3 * d)),
+            ("attn.c_proj", (d, d)),
+            ("mlp.c_fc", (d, f)),
+            ("mlp.c_proj", (f, d)),
+        ):
+            plan += [
+                (f"blocks.{i}.{ours}.weight", [(f"{h}{ours}.weight", shape)], t),
+                (f"blocks.{i}.{ours}.bias", [(f"{h}{ours}.bias", shape[1:])], None),
+            ]
     plan += [(f"ln_f.{k}", [(f"{pre}ln_f.{k}", (d,))], None) for k in ("weight", "bias")]
-    if not c.tie_weights: plan.append(("lm_head.weight", [("lm_head.weight", (c.vocab_size, d))], None))
+    if not c.tie_weights:
+        plan.append(("lm_head.weight", [("lm_head.weight", (c.vocab_size, d))], None))
     return plan
+
 
 def _hf_llama_plan(c: GPTConfig, names) -> list:
     d, f, hd, nh, nkv = c.d_model, c.hidden_dim, c.head_dim, c.n_heads, c.kv_heads
     perm = rope_halves_to_interleaved(hd)
+
     def rope_rows(w, n):  # reorder each head's rows (features) from split halves to interleaved pairs
         return w.reshape(n, hd, *w.shape[1:])[:, perm].reshape(w.shape)
+
     fuse = lambda q, k, v: torch.cat([rope_rows(q, nh), rope_rows(k, nkv), v])  # [q | k | v] as c_attn lays them out
     plan = [("wte.weight", [("model.embed_tokens.weight", (c.vocab_size, d))], None)]
     for i in range(c.n_layers):
         h = f"model.layers.{i}."
         for k in ("weight", "bias") if c.bias else ("weight",):
             shape = lambda *s: s if k == "weight" else s[:1]
-            plan += [(f"blocks.{i}.attn.c_attn.{k}", [(f"{h}self_attn.{x}_proj.{k}", shape(n * hd, d))
-                                                      for x, n in (("q", nh), ("k", nkv), ("v", nkv))], fuse),
-                     (f"blocks.{i}.attn.c_proj.{k}", [(f"{h}self_attn.o_proj.{k}", shape(d, d))], None)]
-            plan += [(f"blocks.{i}.mlp.{p}.{k}", [(f"{h}mlp.{p}.{k}", shape(*s))], None)
-                     for p, s in (("gate_proj", (f, d)), ("up_proj", (f, d)), ("down_proj", (d, f)))]
-        plan += [(f"blocks.{i}.ln_1.weight", [(f"{h}input_layernorm.weight", (d,))], None),
-                 (f"blocks.{i}.ln_2.weight", [(f"{h}post_attention_layernorm.weight", (d,))], None)]
+            plan += [
+                (
+                    f"blocks.{i}.attn.c_attn.{k}",
+                    [(f"{h}self_attn.{x}_proj.{k}", shape(n * hd, d)) for x, n in (("q", nh), ("k", nkv), ("v", nkv))],
+                    fuse,
+                ),
+                (f"blocks.{i}.attn.c_proj.{k}", [(f"{h}self_attn.o_proj.{k}", shape(d, d))], None),
+            ]
+            plan += [
+                (f"blocks.{i}.mlp.{p}.{k}", [(f"{h}mlp.{p}.{k}", shape(*s))], None)
+                for p, s in (("gate_proj", (f, d)), ("up_proj", (f, d)), ("down_proj", (d, f)))
+            ]
+        plan += [
+            (f"blocks.{i}.ln_1.weight", [(f"{h}input_layernorm.weight", (d,))], None),
+            (f"blocks.{i}.ln_2.weight", [(f"{h}post_attention_layernorm.weight", (d,))], None),
+        ]
     plan.append(("ln_f.weight", [("model.norm.weight", (d,))], None))
-    if not c.tie_weights: plan.append(("lm_head.weight", [("lm_head.weight", (c.vocab_size, d))], None))
+    if not c.tie_weights:
+        plan.append(("lm_head.weight", [("lm_head.weight", (c.vocab_size, d))], None))
     return plan
 
 # %% ../nbs/06_model.ipynb #6a595971
 def load_safetensors(path) -> dict:
     "All tensors of a Hugging Face folder: model.safetensors, or the shards listed in model.safetensors.index.json."
     from safetensors.torch import load_file
+
     path = Path(path)
-    if (path / "model.safetensors").is_file(): return load_file(path / "model.safetensors")
+    if (path / "model.safetensors").is_file():
+        return load_file(path / "model.safetensors")
     index = path / "model.safetensors.index.json"
     if index.is_file():
         tensors = {}
-        for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())): tensors.update(load_file(path / shard))
+        for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
+            tensors.update(load_file(path / shard))
         return tensors
-    raise FileNotFoundError(f"{path} has neither model.safetensors nor model.safetensors.index.json; pickled "
-                            f"pytorch_model.bin files are not read (convert them to safetensors first)")
+    raise FileNotFoundError(
+        f"{path} has neither model.safetensors nor model.safetensors.index.json; pickled "
+        f"pytorch_model.bin files are not read (convert them to safetensors first)"
+    )
+
 
 _SKIP = (".attn.bias", ".attn.masked_bias", "rotary_emb.inv_freq")  # buffers, not weights
+
 
 def load_hf(path) -> tuple:
     "(GPTConfig, state_dict) from a Hugging Face GPT-2 or Llama folder, mapped to GPT's names and layouts."
     path = Path(path)
     if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"{path / 'config.json'} not found: pass a Hugging Face model folder (config.json + safetensors)")
+        raise FileNotFoundError(
+            f"{path / 'config.json'} not found: pass a Hugging Face model folder (config.json + safetensors)"
+        )
     hf = json.loads((path / "config.json").read_text())
     config = config_from_hf(hf)
     tensors = load_safetensors(path)
@@ -333,13 +482,23 @@ def load_hf(path) -> tuple:
     for ours, sources, combine in plan:
         parts = []
         for name, shape in sources:
-            if name not in tensors: raise ValueError(f"tensor {name!r} (for {ours}) is missing from {path}")
+            if name not in tensors:
+                raise ValueError(f"tensor {name!r} (for {ours}) is missing from {path}")
             if tuple(tensors[name].shape) != tuple(shape):
-                raise ValueError(f"tensor {name!r} has shape {tuple(tensors[name].shape)}, but config.json implies {tuple(shape)}")
-            parts.append(tensors[name].float()); used.add(name)
+                raise ValueError(
+                    f"tensor {name!r} has shape {tuple(tensors[name].shape)}, but config.json implies {tuple(shape)}"
+                )
+            parts.append(tensors[name].float())
+            used.add(name)
         state_dict[ours] = combine(*parts) if combine else parts[0]
-    unused = sorted(n for n in set(tensors) - used if not n.endswith(_SKIP) and not (config.tie_weights and n == "lm_head.weight"))
-    if unused: raise ValueError(f"{len(unused)} tensor(s) of {path} have no place in the model, e.g. {unused[:3]}: "
-                                f"does config.json describe these weights?")
-    if config.tie_weights: state_dict["lm_head.weight"] = state_dict["wte.weight"]
+    unused = sorted(
+        n for n in set(tensors) - used if not n.endswith(_SKIP) and not (config.tie_weights and n == "lm_head.weight")
+    )
+    if unused:
+        raise ValueError(
+            f"{len(unused)} tensor(s) of {path} have no place in the model, e.g. {unused[:3]}: "
+            f"does config.json describe these weights?"
+        )
+    if config.tie_weights:
+        state_dict["lm_head.weight"] = state_dict["wte.weight"]
     return config, state_dict

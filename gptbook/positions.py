@@ -13,6 +13,7 @@ from torch import nn
 # %% ../nbs/04_positions.ipynb #9d39e9b4
 class LearnedPositions(nn.Module):
     "A learned (max_seq_len, d_model) table; `forward(T, start=0)` returns rows start..start+T-1."
+
     def __init__(self, max_seq_len: int, d_model: int):
         super().__init__()
         self.max_seq_len, self.d_model = max_seq_len, d_model
@@ -21,45 +22,54 @@ class LearnedPositions(nn.Module):
 
     def forward(self, T: int, start: int = 0) -> torch.Tensor:
         if T < 0 or start < 0 or start + T > self.max_seq_len:
-            raise ValueError(f"positions {start}..{start + T - 1} (T={T}) do not fit the learned table of "
-                             f"max_seq_len={self.max_seq_len}: crop the input to {self.max_seq_len} tokens "
-                             f"or use a larger max_seq_len (a learned table has no rows beyond it)")
-        return self.weight[start:start + T]  # (T, d_model)
+            raise ValueError(
+                f"positions {start}..{start + T - 1} (T={T}) do not fit the learned table of "
+                f"max_seq_len={self.max_seq_len}: crop the input to {self.max_seq_len} tokens "
+                f"or use a larger max_seq_len (a learned table has no rows beyond it)"
+            )
+        return self.weight[start : start + T]  # (T, d_model)
 
 # %% ../nbs/04_positions.ipynb #87486a07
 def _check_even(name: str, value: int):
-    if value % 2: raise ValueError(f"{name}={value} is odd: sin/cos and RoPE work on pairs of dimensions, use an even {name}")
+    if value % 2:
+        raise ValueError(f"{name}={value} is odd: sin/cos and RoPE work on pairs of dimensions, use an even {name}")
+
 
 def sinusoidal_table(max_seq_len: int, d_model: int, base: float = 10000.0) -> torch.Tensor:
     "Fixed (max_seq_len, d_model) float32 table: PE[p, 2i] = sin(p / base^(2i/d_model)), PE[p, 2i+1] = cos(...)."
     _check_even("d_model", d_model)
-    p = torch.arange(max_seq_len, dtype=torch.float64)[:, None]                     # (T, 1)
+    p = torch.arange(max_seq_len, dtype=torch.float64)[:, None]  # (T, 1)
     omega = base ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)  # (d_model/2,)
-    angle = p * omega                                                               # (T, d_model/2)
-    return torch.stack([angle.sin(), angle.cos()], dim=-1).flatten(-2).float()      # (T, d_model): sin, cos interleaved
+    angle = p * omega  # (T, d_model/2)
+    return torch.stack([angle.sin(), angle.cos()], dim=-1).flatten(-2).float()  # (T, d_model): sin, cos interleaved
 
 # %% ../nbs/04_positions.ipynb #9ae2f75d
-def rope_angles(max_seq_len: int, head_dim: int, base: float = 10000.0, device=None,
-                dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_angles(
+    max_seq_len: int, head_dim: int, base: float = 10000.0, device=None, dtype: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, torch.Tensor]:
     "(cos, sin), each (max_seq_len, head_dim // 2), of the angles p * base^(-2k / head_dim)."
     _check_even("head_dim", head_dim)
     # float64 on the CPU, then cast: exact angles at large p, and identical tables on every device
-    p = torch.arange(max_seq_len, dtype=torch.float64)[:, None]                      # (T, 1)
+    p = torch.arange(max_seq_len, dtype=torch.float64)[:, None]  # (T, 1)
     theta = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)  # (head_dim/2,)
-    angle = p * theta                                                                # (T, head_dim/2)
+    angle = p * theta  # (T, head_dim/2)
     return angle.cos().to(device=device, dtype=dtype), angle.sin().to(device=device, dtype=dtype)
+
 
 def _check_rope_shapes(x, cos, sin):
     T, d = x.shape[-2], x.shape[-1]
     if cos.shape != sin.shape or cos.shape[-1] * 2 != d or cos.shape[-2] != T:
-        raise ValueError(f"x has T={T}, head_dim={d}, so cos and sin must be ({T}, {d // 2}); got "
-                         f"cos {tuple(cos.shape)}, sin {tuple(sin.shape)}: slice the tables to the positions of x")
+        raise ValueError(
+            f"x has T={T}, head_dim={d}, so cos and sin must be ({T}, {d // 2}); got "
+            f"cos {tuple(cos.shape)}, sin {tuple(sin.shape)}: slice the tables to the positions of x"
+        )
+
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     "Rotate each pair (2k, 2k+1) of x (..., T, head_dim) by the angle whose cos/sin are (T, head_dim//2)."
     _check_rope_shapes(x, cos, sin)
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    x1, x2 = x[..., 0::2], x[..., 1::2]                                  # (..., T, head_dim/2) each
+    x1, x2 = x[..., 0::2], x[..., 1::2]  # (..., T, head_dim/2) each
     return torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)  # (..., T, head_dim)
 
 # %% ../nbs/04_positions.ipynb #b54085ae
@@ -67,8 +77,9 @@ def apply_rope_halves(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> 
     "RoPE with split-halves pairing (k, k + head_dim/2), as in Hugging Face Llama."
     _check_rope_shapes(x, cos, sin)
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    x1, x2 = x.chunk(2, dim=-1)                                          # (..., T, head_dim/2) each
+    x1, x2 = x.chunk(2, dim=-1)  # (..., T, head_dim/2) each
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)  # (..., T, head_dim)
+
 
 def rope_halves_to_interleaved(head_dim: int) -> torch.Tensor:
     "Permutation of one head's features from split-halves to interleaved pairing. Example: 6 -> [0, 3, 1, 4, 2, 5]."

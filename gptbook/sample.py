@@ -17,22 +17,29 @@ __all__ = ['apply_temperature', 'top_k_filter', 'top_p_filter', 'min_p_filter', 
 # %% ../nbs/09_sampling.ipynb #b72af8f2
 def _check_logits(logits):
     if not isinstance(logits, torch.Tensor) or not logits.is_floating_point():
-        raise TypeError(f"logits must be a floating-point torch.Tensor of shape (..., vocab_size), got "
-                        f"{type(logits).__name__}{'' if not isinstance(logits, torch.Tensor) else ' of dtype ' + str(logits.dtype)}")
+        raise TypeError(
+            f"logits must be a floating-point torch.Tensor of shape (..., vocab_size), got "
+            f"{type(logits).__name__}{'' if not isinstance(logits, torch.Tensor) else ' of dtype ' + str(logits.dtype)}"
+        )
+
 
 def _check_temperature(temperature):
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
         raise TypeError(f"temperature must be a number >= 0 (0 means greedy), got {temperature!r}")
     if not temperature >= 0 or math.isinf(temperature):
-        raise ValueError(f"temperature must be a finite number >= 0 (0 means greedy, 1 the model's own "
-                         f"distribution), got {temperature}")
+        raise ValueError(
+            f"temperature must be a finite number >= 0 (0 means greedy, 1 the model's own "
+            f"distribution), got {temperature}"
+        )
+
 
 def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     "Divide logits by `temperature` after subtracting the largest; 0 keeps only the largest (greedy). Example: [1., 2.] at 0.5 -> [-2., 0.]"
     _check_logits(logits)
     _check_temperature(temperature)
     z_max = logits.amax(-1, keepdim=True)  # (..., 1)
-    if temperature == 0: return logits.masked_fill(logits < z_max, float("-inf"))
+    if temperature == 0:
+        return logits.masked_fill(logits < z_max, float("-inf"))
     # Shifting by the max changes no probability, and a tiny temperature can then only push
     # logits towards -inf, never overflow to +inf (inf - inf would be NaN in the softmax). The
     # `where` keeps the top logit at 0 even if the temperature underflows to 0 in float32 (0/0).
@@ -41,11 +48,14 @@ def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
 
 # %% ../nbs/09_sampling.ipynb #7840f062
 def _check_top_k(k):
-    try: k_int = operator.index(k)
-    except TypeError: raise TypeError(f"top_k must be an integer >= 1 (or None for no top-k), got {k!r}") from None
+    try:
+        k_int = operator.index(k)
+    except TypeError:
+        raise TypeError(f"top_k must be an integer >= 1 (or None for no top-k), got {k!r}") from None
     if isinstance(k, bool) or k_int < 1:
         raise ValueError(f"top_k must be an integer >= 1 (or None for no top-k), got {k!r}")
     return k_int
+
 
 def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
     "Keep the `k` largest logits (and ties with the k-th), set the rest to -inf. Example: [1., 3., 2.], k=2 -> [-inf, 3., 2.]"
@@ -61,11 +71,13 @@ def _check_top_p(p):
     if not 0 < p <= 1:
         raise ValueError(f"top_p must be in (0, 1] (1 keeps every token; 0.9 is a good default), got {p}")
 
+
 def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     "Keep the smallest set of most likely tokens whose probability reaches `p`. Example: probs [.5, .3, .2], p=0.7 -> keep the first two"
     _check_logits(logits)
     _check_top_p(p)
-    if p == 1: return logits.clone()
+    if p == 1:
+        return logits.clone()
     sorted_logits, order = torch.sort(logits, dim=-1, descending=True, stable=True)  # (..., V)
     probs = sorted_logits.to(torch.promote_types(logits.dtype, torch.float32)).softmax(-1)  # (..., V) descending
     # Exclusive cumulative sum: the mass of the tokens ranked strictly above each token.
@@ -81,11 +93,13 @@ def _check_min_p(min_p):
     if not 0 <= min_p <= 1:
         raise ValueError(f"min_p must be in [0, 1] (0 keeps every token; 0.05 to 0.1 is typical), got {min_p}")
 
+
 def min_p_filter(logits: torch.Tensor, min_p: float) -> torch.Tensor:
     "Keep tokens with probability >= `min_p` times the top token's. Example: probs [.6, .3, .1], min_p=0.25 -> keep the first two"
     _check_logits(logits)
     _check_min_p(min_p)
-    if min_p == 0: return logits.clone()
+    if min_p == 0:
+        return logits.clone()
     z_max = logits.amax(-1, keepdim=True)  # (..., 1)
     return logits.masked_fill(logits - z_max < math.log(min_p), float("-inf"))
 
@@ -94,8 +108,10 @@ def _check_penalty(penalty):
     if isinstance(penalty, bool) or not isinstance(penalty, (int, float)):
         raise TypeError(f"repetition_penalty must be a number > 0 (or None for none), got {penalty!r}")
     if not 0 < penalty < math.inf:
-        raise ValueError(f"repetition_penalty must be a finite number > 0 (1 changes nothing, 1.1 to 1.3 is "
-                         f"typical), got {penalty}")
+        raise ValueError(
+            f"repetition_penalty must be a finite number > 0 (1 changes nothing, 1.1 to 1.3 is typical), got {penalty}"
+        )
+
 
 def apply_repetition_penalty(logits: torch.Tensor, context: torch.Tensor, penalty: float) -> torch.Tensor:
     "Push down the logits of tokens that occur in `context`. Example: [2., -1., .5], context [0, 1], 2 -> [1., -2., .5]"
@@ -106,18 +122,32 @@ def apply_repetition_penalty(logits: torch.Tensor, context: torch.Tensor, penalt
     return logits.scatter(-1, context, seen)  # a token seen twice is penalised once
 
 # %% ../nbs/09_sampling.ipynb #49354090
-def filter_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
-                  top_p: float | None = None, min_p: float | None = None) -> torch.Tensor:
+def filter_logits(
+    logits: torch.Tensor,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    min_p: float | None = None,
+) -> torch.Tensor:
     "Temperature, then top-k, top-p and min-p (each skipped when None); removed tokens get -inf."
     logits = apply_temperature(logits, temperature)
-    if top_k is not None: logits = top_k_filter(logits, top_k)
-    if top_p is not None: logits = top_p_filter(logits, top_p)
-    if min_p is not None: logits = min_p_filter(logits, min_p)
+    if top_k is not None:
+        logits = top_k_filter(logits, top_k)
+    if top_p is not None:
+        logits = top_p_filter(logits, top_p)
+    if min_p is not None:
+        logits = min_p_filter(logits, min_p)
     return logits
 
-def sample_next_token(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
-                      top_p: float | None = None, min_p: float | None = None,
-                      generator: torch.Generator | None = None) -> torch.Tensor:
+
+def sample_next_token(
+    logits: torch.Tensor,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    min_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
     "One token id per row of `logits` (B, vocab_size) -> (B,): the argmax at temperature 0, else a draw from the filtered softmax."
     if temperature == 0:
         _check_logits(logits)
@@ -133,41 +163,59 @@ def sample_next_token(logits: torch.Tensor, temperature: float = 1.0, top_k: int
 def _max_seq_len(model) -> int:
     n = getattr(getattr(model, "config", None), "max_seq_len", None)
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise TypeError(f"generation needs `model.config.max_seq_len` (the context length, an int >= 1); "
-                        f"{type(model).__name__} has {n!r}")
+        raise TypeError(
+            f"generation needs `model.config.max_seq_len` (the context length, an int >= 1); "
+            f"{type(model).__name__} has {n!r}"
+        )
     return n
+
 
 def _check_idx(model, idx):
     if not isinstance(idx, torch.Tensor) or idx.dtype != torch.long:
-        raise TypeError(f"idx must be a LongTensor of token ids of shape (B, T), got "
-                        f"{type(idx).__name__}{' of dtype ' + str(idx.dtype) if isinstance(idx, torch.Tensor) else ''}")
+        raise TypeError(
+            f"idx must be a LongTensor of token ids of shape (B, T), got "
+            f"{type(idx).__name__}{' of dtype ' + str(idx.dtype) if isinstance(idx, torch.Tensor) else ''}"
+        )
     if idx.dim() != 2:
         hint = " (add a batch dimension: idx[None])" if idx.dim() == 1 else ""
         raise ValueError(f"idx must have shape (B, T), got {tuple(idx.shape)}{hint}")
-    if idx.size(0) == 0: raise ValueError("idx has no rows (B=0): give at least one prompt")
+    if idx.size(0) == 0:
+        raise ValueError("idx has no rows (B=0): give at least one prompt")
     if idx.size(1) == 0:
-        raise ValueError("empty prompt: generation needs at least one token to condition on "
-                         "(start with a newline or a <|endoftext|> token)")
+        raise ValueError(
+            "empty prompt: generation needs at least one token to condition on "
+            "(start with a newline or a <|endoftext|> token)"
+        )
     vocab_size = getattr(getattr(model, "config", None), "vocab_size", None)
     if vocab_size is not None and (int(idx.min()) < 0 or int(idx.max()) >= vocab_size):
         bad = int(idx.min()) if int(idx.min()) < 0 else int(idx.max())
-        raise ValueError(f"token id {bad} in idx is outside the model's vocabulary 0..{vocab_size - 1}: "
-                         "was the prompt encoded with the model's own tokenizer?")
+        raise ValueError(
+            f"token id {bad} in idx is outside the model's vocabulary 0..{vocab_size - 1}: "
+            "was the prompt encoded with the model's own tokenizer?"
+        )
+
 
 def _check_sampling(max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty):
-    try: n = operator.index(max_new_tokens)
-    except TypeError: raise TypeError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}") from None
-    if n < 0: raise ValueError(f"max_new_tokens must be an integer >= 0, got {n}")
+    try:
+        n = operator.index(max_new_tokens)
+    except TypeError:
+        raise TypeError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}") from None
+    if n < 0:
+        raise ValueError(f"max_new_tokens must be an integer >= 0, got {n}")
     _check_temperature(temperature)
-    if top_k is not None: _check_top_k(top_k)
-    if top_p is not None: _check_top_p(top_p)
-    if min_p is not None: _check_min_p(min_p)
-    if repetition_penalty is not None: _check_penalty(repetition_penalty)
+    if top_k is not None:
+        _check_top_k(top_k)
+    if top_p is not None:
+        _check_top_p(top_p)
+    if min_p is not None:
+        _check_min_p(min_p)
+    if repetition_penalty is not None:
+        _check_penalty(repetition_penalty)
     return n
 
+
 @torch.no_grad()
-def _token_loop(model, seq, n_steps, sampling, repetition_penalty, use_cache, generator,
-                forced=None, forced_mask=None):
+def _token_loop(model, seq, n_steps, sampling, repetition_penalty, use_cache, generator, forced=None, forced_mask=None):
     "Yields (tokens (B,), logits (B, V)) for `n_steps` steps; `forced[:, s]` replaces the draw where `forced_mask[:, s]`."
     n_ctx = _max_seq_len(model)
     cache = None
@@ -190,10 +238,20 @@ def _token_loop(model, seq, n_steps, sampling, repetition_penalty, use_cache, ge
         yield nxt, logits
         seq = torch.cat([seq, nxt[:, None]], dim=1)  # (B, T + 1)
 
-def generate_steps(model, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
-                   top_k: int | None = None, top_p: float | None = None, use_cache: bool = True, *,
-                   min_p: float | None = None, repetition_penalty: float | None = None,
-                   generator: torch.Generator | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+
+def generate_steps(
+    model,
+    idx: torch.Tensor,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    use_cache: bool = True,
+    *,
+    min_p: float | None = None,
+    repetition_penalty: float | None = None,
+    generator: torch.Generator | None = None,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     "Iterate over generation steps: yields (next tokens (B,), last-position logits (B, vocab_size)) per new token."
     _check_idx(model, idx)
     n = _check_sampling(max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty)
@@ -204,55 +262,81 @@ def generate_steps(model, idx: torch.Tensor, max_new_tokens: int, temperature: f
 def pad_prompts(prompts, pad_id: int = 0, device=None) -> tuple[torch.Tensor, torch.Tensor]:
     "Left-pad lists of token ids into (idx, attention_mask), each (B, T). Example: [[5, 6], [7]] -> [[5, 6], [0, 7]], [[1, 1], [0, 1]]"
     prompts = [list(map(int, p)) for p in prompts]
-    if not prompts: raise ValueError("pad_prompts got no prompts")
+    if not prompts:
+        raise ValueError("pad_prompts got no prompts")
     for i, p in enumerate(prompts):
-        if not p: raise ValueError(f"prompt {i} is empty: every prompt needs at least one token")
+        if not p:
+            raise ValueError(f"prompt {i} is empty: every prompt needs at least one token")
     T = max(map(len, prompts))
     idx = torch.full((len(prompts), T), pad_id, dtype=torch.long, device=device)
     mask = torch.zeros((len(prompts), T), dtype=torch.long, device=device)
     for i, p in enumerate(prompts):
-        idx[i, T - len(p):] = torch.tensor(p, dtype=torch.long)
-        mask[i, T - len(p):] = 1
+        idx[i, T - len(p) :] = torch.tensor(p, dtype=torch.long)
+        mask[i, T - len(p) :] = 1
     return idx, mask
 
 # %% ../nbs/09_sampling.ipynb #efefb07c
 def _check_stop(stop, vocab_size, device):
-    if stop is None: return None
+    if stop is None:
+        return None
     ids = [stop] if not isinstance(stop, (list, tuple, set, frozenset, torch.Tensor)) else list(stop)
-    try: ids = [operator.index(s) for s in ids]
-    except TypeError: raise TypeError(f"stop must be a token id or a list of token ids, got {stop!r}") from None
-    if not ids: raise ValueError("stop is an empty list: pass None for no stop tokens")
+    try:
+        ids = [operator.index(s) for s in ids]
+    except TypeError:
+        raise TypeError(f"stop must be a token id or a list of token ids, got {stop!r}") from None
+    if not ids:
+        raise ValueError("stop is an empty list: pass None for no stop tokens")
     for s in ids:
         if s < 0 or (vocab_size is not None and s >= vocab_size):
             raise ValueError(f"stop token id {s} is outside the model's vocabulary 0..{(vocab_size or 0) - 1}")
     return torch.tensor(ids, dtype=torch.long, device=device)
 
+
 def _prompt_lengths(idx, attention_mask):
     "Number of real tokens in each row of a left-padded batch (B,)."
-    if attention_mask is None: return torch.full((idx.size(0),), idx.size(1), dtype=torch.long, device=idx.device)
+    if attention_mask is None:
+        return torch.full((idx.size(0),), idx.size(1), dtype=torch.long, device=idx.device)
     if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != idx.shape:
-        raise ValueError(f"attention_mask must be a tensor of idx's shape {tuple(idx.shape)} "
-                         f"(1 = token, 0 = left padding), got {getattr(attention_mask, 'shape', attention_mask)}")
+        raise ValueError(
+            f"attention_mask must be a tensor of idx's shape {tuple(idx.shape)} "
+            f"(1 = token, 0 = left padding), got {getattr(attention_mask, 'shape', attention_mask)}"
+        )
     m = attention_mask.to(device=idx.device, dtype=torch.long)
-    if not ((m == 0) | (m == 1)).all(): raise ValueError("attention_mask must contain only 0 (padding) and 1 (token)")
+    if not ((m == 0) | (m == 1)).all():
+        raise ValueError("attention_mask must contain only 0 (padding) and 1 (token)")
     if not (m[:, 1:] >= m[:, :-1]).all():
-        raise ValueError("attention_mask must be left padding (zeros only before the ones in each row): "
-                         "pad prompts on the left, e.g. with pad_prompts")
+        raise ValueError(
+            "attention_mask must be left padding (zeros only before the ones in each row): "
+            "pad prompts on the left, e.g. with pad_prompts"
+        )
     lengths = m.sum(1)  # (B,)
     if (lengths == 0).any():
         raise ValueError(f"row {int((lengths == 0).nonzero()[0])} of the batch is an empty prompt (all padding)")
     return lengths
 
-def generate(model, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
-             top_k: int | None = None, top_p: float | None = None, use_cache: bool = True, *,
-             min_p: float | None = None, repetition_penalty: float | None = None, stop=None,
-             generator: torch.Generator | None = None, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+
+def generate(
+    model,
+    idx: torch.Tensor,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    use_cache: bool = True,
+    *,
+    min_p: float | None = None,
+    repetition_penalty: float | None = None,
+    stop=None,
+    generator: torch.Generator | None = None,
+    attention_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
     "Continue each prompt of idx (B, T) by `max_new_tokens` tokens -> (B, T + max_new_tokens), fewer if every row stopped."
     _check_idx(model, idx)
     n = _check_sampling(max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty)
     stop_ids = _check_stop(stop, getattr(getattr(model, "config", None), "vocab_size", None), idx.device)
     lengths = _prompt_lengths(idx, attention_mask)  # (B,)
-    if n == 0: return idx.clone()
+    if n == 0:
+        return idx.clone()
     B, T = idx.shape
     n_min, n_max = int(lengths.min()), int(lengths.max())
     # Left-align: row i's real tokens are idx[i, T - lengths[i]:]. All rows start with their first
@@ -263,8 +347,9 @@ def generate(model, idx: torch.Tensor, max_new_tokens: int, temperature: float =
     forced_mask = cols < T  # (B, n_max - n_min) True while the row still has prompt tokens
     forced = idx.gather(1, cols.clamp(max=T - 1))  # (B, n_max - n_min)
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
-    steps = _token_loop(model, seq, (n_max - n_min) + n, sampling, repetition_penalty, use_cache, generator,
-                        forced, forced_mask)
+    steps = _token_loop(
+        model, seq, (n_max - n_min) + n, sampling, repetition_penalty, use_cache, generator, forced, forced_mask
+    )
     new = idx.new_zeros((B, n))  # (B, n) the new tokens of each row
     n_new = torch.zeros(B, dtype=torch.long, device=idx.device)  # new tokens so far, per row
     finished = torch.zeros(B, dtype=torch.bool, device=idx.device)  # produced a stop token
@@ -273,8 +358,10 @@ def generate(model, idx: torch.Tensor, max_new_tokens: int, temperature: float =
         active = (s >= lengths - n_min) & (n_new < n) & ~finished  # (B,) past its prompt, still going
         new[rows[active], n_new[active]] = tok[active]
         n_new += active.long()
-        if stop_ids is not None: finished |= active & torch.isin(tok, stop_ids)
-        if bool((finished | (n_new == n)).all()): break
+        if stop_ids is not None:
+            finished |= active & torch.isin(tok, stop_ids)
+        if bool((finished | (n_new == n)).all()):
+            break
     width = int(n_new.max())
     last = new.gather(1, (n_new - 1).clamp(min=0)[:, None])  # (B, 1) each row's last new token
     fill = torch.arange(n, device=idx.device)[None, :] >= n_new[:, None]  # (B, n) after a stop
@@ -286,15 +373,26 @@ def utf8_incomplete_tail(buf: bytes) -> int:
     "How many bytes at the end of `buf` begin a UTF-8 character that is not complete yet. Example: b'a\\xe2\\x82' -> 2"
     for back in range(1, min(4, len(buf)) + 1):
         b = buf[-back]
-        if b & 0b1100_0000 == 0b1000_0000: continue  # 10xxxxxx: a continuation byte, keep walking back
-        need = 2 if b & 0b1110_0000 == 0b1100_0000 else 3 if b & 0b1111_0000 == 0b1110_0000 \
-            else 4 if b & 0b1111_1000 == 0b1111_0000 else 1  # what this first byte announces
+        if b & 0b1100_0000 == 0b1000_0000:
+            continue  # 10xxxxxx: a continuation byte, keep walking back
+        need = (
+            2
+            if b & 0b1110_0000 == 0b1100_0000
+            else 3
+            if b & 0b1111_0000 == 0b1110_0000
+            else 4
+            if b & 0b1111_1000 == 0b1111_0000
+            else 1
+        )  # what this first byte announces
         return back if back < need else 0
     return 0  # only continuation bytes: stray bytes, nothing can complete them
 
+
 class Utf8Decoder:
     "Bytes in, text out: `feed(chunk)` returns the text that is complete so far, `flush()` the rest."
-    def __init__(self): self.buf = b""
+
+    def __init__(self):
+        self.buf = b""
 
     def feed(self, chunk: bytes) -> str:
         self.buf += chunk
@@ -314,30 +412,59 @@ def token_bytes(tokenizer, token_id: int) -> bytes:
     b = vocab.get(token_id) if isinstance(vocab, dict) else None
     return b if isinstance(b, bytes) else tokenizer.decode([token_id]).encode("utf-8")
 
+
 def _model_device(model):
     p = next(iter(model.parameters()), None)
     return p.device if p is not None else torch.device("cpu")
+
 
 def _stream_text(steps, tokenizer, stop_ids):
     dec = Utf8Decoder()
     for tok, _ in steps:
         t = int(tok[0])
-        if stop_ids is not None and t in stop_ids: break
+        if stop_ids is not None and t in stop_ids:
+            break
         piece = dec.feed(token_bytes(tokenizer, t))
-        if piece: yield piece
+        if piece:
+            yield piece
     tail = dec.flush()
-    if tail: yield tail
+    if tail:
+        yield tail
 
-def stream(model, tokenizer, prompt: str, max_new_tokens: int, temperature: float = 1.0,
-           top_k: int | None = None, top_p: float | None = None, use_cache: bool = True, *,
-           min_p: float | None = None, repetition_penalty: float | None = None, stop=None,
-           generator: torch.Generator | None = None) -> Iterator[str]:
+
+def stream(
+    model,
+    tokenizer,
+    prompt: str,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    use_cache: bool = True,
+    *,
+    min_p: float | None = None,
+    repetition_penalty: float | None = None,
+    stop=None,
+    generator: torch.Generator | None = None,
+) -> Iterator[str]:
     "Generate a continuation of the text `prompt`, yielding it in pieces of valid UTF-8 as soon as they are complete."
-    if not isinstance(prompt, str): raise TypeError(f"prompt must be a str, got {type(prompt).__name__}")
-    if not prompt: raise ValueError("empty prompt: give at least one character to continue (e.g. a newline)")
+    if not isinstance(prompt, str):
+        raise TypeError(f"prompt must be a str, got {type(prompt).__name__}")
+    if not prompt:
+        raise ValueError("empty prompt: give at least one character to continue (e.g. a newline)")
     ids = tokenizer.encode(prompt)  # a CharTokenizer names any character it does not know
     idx = torch.tensor([ids], dtype=torch.long, device=_model_device(model))  # (1, T)
     stop_ids = _check_stop(stop, getattr(getattr(model, "config", None), "vocab_size", None), "cpu")
-    steps = generate_steps(model, idx, max_new_tokens, temperature, top_k, top_p, use_cache,
-                           min_p=min_p, repetition_penalty=repetition_penalty, generator=generator)
+    steps = generate_steps(
+        model,
+        idx,
+        max_new_tokens,
+        temperature,
+        top_k,
+        top_p,
+        use_cache,
+        min_p=min_p,
+        repetition_penalty=repetition_penalty,
+        generator=generator,
+    )
     return _stream_text(steps, tokenizer, None if stop_ids is None else set(stop_ids.tolist()))

@@ -17,9 +17,11 @@ __all__ = ['GPT2_PATTERN', 'CharTokenizer', 'count_pairs', 'merge_pair', 'train_
 # %% ../nbs/01_tokenizer.ipynb #09a6926b
 class CharTokenizer:
     "One id per character: `chars[i]` has id `i`."
+
     def __init__(self, chars):
         chars = list(chars)
-        if not chars: raise ValueError("CharTokenizer needs at least one character; got an empty list")
+        if not chars:
+            raise ValueError("CharTokenizer needs at least one character; got an empty list")
         for c in chars:
             if not isinstance(c, str) or len(c) != 1:
                 raise TypeError(f"CharTokenizer chars must be single-character strings, got {c!r}")
@@ -32,34 +34,45 @@ class CharTokenizer:
     @classmethod
     def train(cls, text: str) -> CharTokenizer:
         "The sorted set of `text`'s characters. Example: 'hello' -> ['e', 'h', 'l', 'o']"
-        if not isinstance(text, str): raise TypeError(f"CharTokenizer.train expects a str, got {type(text).__name__}")
-        if not text: raise ValueError("CharTokenizer.train got an empty text: there are no characters to learn")
+        if not isinstance(text, str):
+            raise TypeError(f"CharTokenizer.train expects a str, got {type(text).__name__}")
+        if not text:
+            raise ValueError("CharTokenizer.train got an empty text: there are no characters to learn")
         return cls(sorted(set(text)))
 
     @property
-    def vocab_size(self) -> int: return len(self.chars)
+    def vocab_size(self) -> int:
+        return len(self.chars)
 
     def encode(self, text: str) -> list[int]:
         "The id of each character of `text`."
-        if not isinstance(text, str): raise TypeError(f"encode expects a str, got {type(text).__name__}")
-        try: return [self.stoi[c] for c in text]
-        except KeyError: pass
+        if not isinstance(text, str):
+            raise TypeError(f"encode expects a str, got {type(text).__name__}")
+        try:
+            return [self.stoi[c] for c in text]
+        except KeyError:
+            pass
         i = next(i for i, c in enumerate(text) if c not in self.stoi)
-        raise ValueError(f"character {text[i]!r} at position {i} is not in this CharTokenizer's vocabulary; "
-                         "retrain it (CharTokenizer.train) on a text that contains it")
+        raise ValueError(
+            f"character {text[i]!r} at position {i} is not in this CharTokenizer's vocabulary; "
+            "retrain it (CharTokenizer.train) on a text that contains it"
+        )
 
     def decode(self, ids) -> str:
         "The characters of `ids`, joined."
         n, out = len(self.chars), []
         for i in ids:
             i = operator.index(i)
-            if not 0 <= i < n: raise ValueError(f"id {i} is not a valid CharTokenizer id (vocab_size is {n}, ids are 0..{n-1})")
+            if not 0 <= i < n:
+                raise ValueError(f"id {i} is not a valid CharTokenizer id (vocab_size is {n}, ids are 0..{n - 1})")
             out.append(self.chars[i])
         return "".join(out)
 
     def save(self, path):
-        "Write `{\"type\": \"char\", \"chars\": [...]}` as UTF-8 JSON."
-        Path(path).write_text(json.dumps({"type": "char", "chars": self.chars}, ensure_ascii=False, indent=1), encoding="utf-8")
+        'Write `{"type": "char", "chars": [...]}` as UTF-8 JSON.'
+        Path(path).write_text(
+            json.dumps({"type": "char", "chars": self.chars}, ensure_ascii=False, indent=1), encoding="utf-8"
+        )
 
     @classmethod
     def load(cls, path) -> CharTokenizer:
@@ -67,17 +80,21 @@ class CharTokenizer:
         d = json.loads(Path(path).read_text(encoding="utf-8"))
         t = d.get("type") if isinstance(d, dict) else None
         if t != "char":
-            raise ValueError(f"{path} is not a CharTokenizer file: its \"type\" is {t!r}, expected \"char\""
-                             + (" (use BPETokenizer.load for BPE files)" if t == "bpe" else ""))
+            raise ValueError(
+                f'{path} is not a CharTokenizer file: its "type" is {t!r}, expected "char"'
+                + (" (use BPETokenizer.load for BPE files)" if t == "bpe" else "")
+            )
         return cls(d["chars"])
 
-    def __repr__(self): return f"CharTokenizer(vocab_size={self.vocab_size})"
+    def __repr__(self):
+        return f"CharTokenizer(vocab_size={self.vocab_size})"
 
 # %% ../nbs/01_tokenizer.ipynb #6e816d81
 def count_pairs(ids, counts=None) -> dict:
     "Count adjacent pairs, overlapping ones included. Example: [5, 5, 5, 7] -> {(5, 5): 2, (5, 7): 1}"
     counts = {} if counts is None else counts
-    for pair in zip(ids, ids[1:]): counts[pair] = counts.get(pair, 0) + 1
+    for pair in zip(ids, ids[1:]):
+        counts[pair] = counts.get(pair, 0) + 1
     return counts
 
 # %% ../nbs/01_tokenizer.ipynb #d2b75023
@@ -87,9 +104,11 @@ def merge_pair(ids, pair, new_id) -> list:
     out, i, n = [], 0, len(ids)
     while i < n:
         if i + 1 < n and ids[i] == a and ids[i + 1] == b:
-            out.append(new_id); i += 2
+            out.append(new_id)
+            i += 2
         else:
-            out.append(ids[i]); i += 1
+            out.append(ids[i])
+            i += 1
     return out
 
 # %% ../nbs/01_tokenizer.ipynb #a071102e
@@ -97,9 +116,12 @@ def _check_vocab_size(vocab_size, n_special=0):
     if not isinstance(vocab_size, int) or isinstance(vocab_size, bool):
         raise TypeError(f"vocab_size must be an int, got {vocab_size!r} ({type(vocab_size).__name__})")
     if vocab_size < 256 + n_special:
-        raise ValueError(f"vocab_size={vocab_size} is too small: byte-level BPE starts from 256 byte ids"
-                         + (f" and {n_special} special token(s)" if n_special else "")
-                         + f", so vocab_size must be at least {256 + n_special}")
+        raise ValueError(
+            f"vocab_size={vocab_size} is too small: byte-level BPE starts from 256 byte ids"
+            + (f" and {n_special} special token(s)" if n_special else "")
+            + f", so vocab_size must be at least {256 + n_special}"
+        )
+
 
 def train_bpe_naive(data, vocab_size: int) -> dict:
     "Reference BPE: recount all pairs, merge the most frequent (ties: smallest pair), repeat. Returns {pair: new_id}."
@@ -109,8 +131,10 @@ def train_bpe_naive(data, vocab_size: int) -> dict:
     merges = {}
     for new_id in range(256, vocab_size):
         counts = {}
-        for seq in seqs: count_pairs(seq, counts)
-        if not counts: break  # every chunk is a single token: nothing left to merge
+        for seq in seqs:
+            count_pairs(seq, counts)
+        if not counts:
+            break  # every chunk is a single token: nothing left to merge
         pair = min(counts, key=lambda p: (-counts[p], p))
         seqs = [merge_pair(seq, pair, new_id) for seq in seqs]
         merges[pair] = new_id
@@ -120,21 +144,29 @@ def train_bpe_naive(data, vocab_size: int) -> dict:
 def bpe_merges(chunks, n_merges: int):
     "Learn up to `n_merges` merges from `(bytes, weight)` chunks; returns (pairs in merge order, tokens each saved)."
     sym, nxt, prv, wt = [], [], [], []  # the linked list over all chunks, one weight per position
-    for b, w in (chunks.items() if isinstance(chunks, dict) else chunks):
+    for b, w in chunks.items() if isinstance(chunks, dict) else chunks:
         n = len(b)
-        if n < 2: continue  # a one-byte chunk has no pair to merge
+        if n < 2:
+            continue  # a one-byte chunk has no pair to merge
         s = len(sym)
         sym.extend(b)
-        nxt.extend(range(s + 1, s + n)); nxt.append(-1)  # -1: end of chunk, no pair across it
-        prv.append(-1); prv.extend(range(s, s + n - 1))
+        nxt.extend(range(s + 1, s + n))
+        nxt.append(-1)  # -1: end of chunk, no pair across it
+        prv.append(-1)
+        prv.extend(range(s, s + n - 1))
         wt.extend([w] * n)
     M = 256 + n_merges  # a pair (a, b) is stored as the int a * M + b: hashes faster than a tuple, same order
     cnt, pos = {}, {}  # pair -> count (weighted, overlaps included), pair -> positions where it starts
     for i in range(len(sym) - 1):
-        if nxt[i] < 0: continue
+        if nxt[i] < 0:
+            continue
         k = sym[i] * M + sym[i + 1]
-        if k in cnt: cnt[k] += wt[i]; pos[k].append(i)
-        else: cnt[k] = wt[i]; pos[k] = [i]
+        if k in cnt:
+            cnt[k] += wt[i]
+            pos[k].append(i)
+        else:
+            cnt[k] = wt[i]
+            pos[k] = [i]
     heap = [(-c, k) for k, c in cnt.items()]  # (-count, pair): the smallest entry is our tie-break's winner
     heapq.heapify(heap)
     merges, saved = [], []
@@ -142,43 +174,61 @@ def bpe_merges(chunks, n_merges: int):
         while heap:  # lazy deletion: entries may hold an old count
             c, p = heapq.heappop(heap)
             cur = cnt.get(p, 0)
-            if cur == -c: break
-            if 0 < cur < -c: heapq.heappush(heap, (-cur, p))  # the count dropped since: requeue it
-        else: break  # no pair left anywhere
+            if cur == -c:
+                break
+            if 0 < cur < -c:
+                heapq.heappush(heap, (-cur, p))  # the count dropped since: requeue it
+        else:
+            break  # no pair left anywhere
         a, b = divmod(p, M)
         where = pos.pop(p)
         done = 0  # occurrences merged (weighted): fewer than the count when a run like a a a overlaps
-        if a == b: where.sort()  # overlapping runs (a a a) must merge left to right, as the naive loop does
+        if a == b:
+            where.sort()  # overlapping runs (a a a) must merge left to right, as the naive loop does
         touched = set()
         for i in where:
-            if sym[i] != a: continue  # stale: this position was merged or consumed since
+            if sym[i] != a:
+                continue  # stale: this position was merged or consumed since
             j = nxt[i]
-            if j < 0 or sym[j] != b: continue
+            if j < 0 or sym[j] != b:
+                continue
             w = wt[i]
             h = prv[i]
             if h >= 0:  # (h, a) becomes (h, x)
                 s = sym[h] * M
                 cnt[s + a] -= w
                 k = s + x
-                if k in cnt: cnt[k] += w; pos[k].append(h)
-                else: cnt[k] = w; pos[k] = [h]
+                if k in cnt:
+                    cnt[k] += w
+                    pos[k].append(h)
+                else:
+                    cnt[k] = w
+                    pos[k] = [h]
                 touched.add(k)
             k2 = nxt[j]
             if k2 >= 0:  # (b, k2) becomes (x, k2)
                 s = sym[k2]
                 cnt[b * M + s] -= w
                 k = x * M + s
-                if k in cnt: cnt[k] += w; pos[k].append(i)
-                else: cnt[k] = w; pos[k] = [i]
+                if k in cnt:
+                    cnt[k] += w
+                    pos[k].append(i)
+                else:
+                    cnt[k] = w
+                    pos[k] = [i]
                 touched.add(k)
                 prv[k2] = i
-            sym[i] = x; sym[j] = -1; nxt[i] = k2  # position i now holds x, j leaves the list
+            sym[i] = x
+            sym[j] = -1
+            nxt[i] = k2  # position i now holds x, j leaves the list
             done += w
         del cnt[p]
-        merges.append((a, b)); saved.append(done)
+        merges.append((a, b))
+        saved.append(done)
         for k in touched:  # counts that grew need a fresh heap entry
             c = cnt[k]
-            if c > 0: heapq.heappush(heap, (-c, k))
+            if c > 0:
+                heapq.heappush(heap, (-c, k))
     return merges, saved
 
 # %% ../nbs/01_tokenizer.ipynb #c5c548f8
@@ -186,8 +236,11 @@ GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+
 
 # The same pattern spelled for ASCII-only text, where \p{L} is [A-Za-z], \p{N} is [0-9] and \s is [\t\n\v\f\r ]:
 # the standard library's `re` runs it about twice as fast as `regex` runs GPT2_PATTERN (tests check they agree).
-_GPT2_ASCII = re.compile(r"""'(?:[sdmt]|ll|ve|re)| ?[A-Za-z]+| ?[0-9]+| ?[^\t\n\v\f\r A-Za-z0-9]+"""
-                         r"""|[\t\n\v\f\r ]+(?![^\t\n\v\f\r ])|[\t\n\v\f\r ]+""")
+_GPT2_ASCII = re.compile(
+    r"""'(?:[sdmt]|ll|ve|re)| ?[A-Za-z]+| ?[0-9]+| ?[^\t\n\v\f\r A-Za-z0-9]+"""
+    r"""|[\t\n\v\f\r ]+(?![^\t\n\v\f\r ])|[\t\n\v\f\r ]+"""
+)
+
 
 def pretokenize(text: str, pattern=GPT2_PATTERN) -> list[str]:
     "Split `text` into the chunks matched by `pattern`. Example: \"Hi, it's 2 o'clock\" -> ['Hi', ',', ' it', \"'s\", ' 2', ' o', \"'\", 'clock']"
@@ -198,19 +251,28 @@ def pretokenize(text: str, pattern=GPT2_PATTERN) -> list[str]:
     if sum(map(len, chunks)) != len(text):  # a pattern that skips characters would lose text silently
         i = 0
         for m in pat.finditer(text):
-            if m.start() != i: break
+            if m.start() != i:
+                break
             i = m.end()
-        raise ValueError(f"the pre-tokenization pattern does not match {text[i]!r} at position {i}, so that "
-                         "text would be lost; use a pattern that matches every character (GPT2_PATTERN does)")
+        raise ValueError(
+            f"the pre-tokenization pattern does not match {text[i]!r} at position {i}, so that "
+            "text would be lost; use a pattern that matches every character (GPT2_PATTERN does)"
+        )
     return chunks
 
 # %% ../nbs/01_tokenizer.ipynb #b0748b7c
 _NO_MERGE = 1 << 62  # larger than any merge id
 
+
 def _add_position(where, todo, m, i):
-    if m is None: return  # this pair is not a merge
-    if m in where: where[m].append(i)
-    else: where[m] = [i]; heapq.heappush(todo, m)
+    if m is None:
+        return  # this pair is not a merge
+    if m in where:
+        where[m].append(i)
+    else:
+        where[m] = [i]
+        heapq.heappush(todo, m)
+
 
 def apply_merges(data: bytes, merges: dict) -> list[int]:
     "Encode one chunk: apply `merges` ({pair: new_id}) in the order learned. Example: b'aaab', {(97, 97): 256} -> [256, 97, 98]"
@@ -221,12 +283,15 @@ def apply_merges(data: bytes, merges: dict) -> list[int]:
         ranks = [get(pair, _NO_MERGE) for pair in zip(ids, ids[1:])]  # ranks[i]: merge id of (ids[i], ids[i+1])
         while ranks:
             m = min(ranks)
-            if m == _NO_MERGE: break
+            if m == _NO_MERGE:
+                break
             i = ranks.index(m)  # leftmost: overlapping runs merge left to right
-            ids[i:i + 2] = [m]
+            ids[i : i + 2] = [m]
             del ranks[i]
-            if i < len(ranks): ranks[i] = get((m, ids[i + 1]), _NO_MERGE)
-            if i: ranks[i - 1] = get((ids[i - 1], m), _NO_MERGE)
+            if i < len(ranks):
+                ranks[i] = get((m, ids[i + 1]), _NO_MERGE)
+            if i:
+                ranks[i - 1] = get((ids[i - 1], m), _NO_MERGE)
         return ids
     sym, nxt, prv = ids, list(range(1, n + 1)), list(range(-1, n - 1))
     nxt[-1] = -1
@@ -234,42 +299,56 @@ def apply_merges(data: bytes, merges: dict) -> list[int]:
     for i, pair in enumerate(zip(ids, ids[1:])):
         m = merges.get(pair)
         if m is not None:
-            if m in where: where[m].append(i)
-            else: where[m] = [i]
+            if m in where:
+                where[m].append(i)
+            else:
+                where[m] = [i]
     todo = list(where)  # merge ids with occurrences, smallest first
     heapq.heapify(todo)
     while todo:
         m = heapq.heappop(todo)
         for i in sorted(where.pop(m)):
             j = nxt[i]
-            if j < 0 or merges.get((sym[i], sym[j])) != m: continue  # consumed since, or no longer this pair
+            if j < 0 or merges.get((sym[i], sym[j])) != m:
+                continue  # consumed since, or no longer this pair
             k = nxt[j]
-            sym[i] = m; sym[j] = -1; nxt[i] = k
+            sym[i] = m
+            sym[j] = -1
+            nxt[i] = k
             if k >= 0:
                 prv[k] = i
                 _add_position(where, todo, merges.get((m, sym[k])), i)
             h = prv[i]
-            if h >= 0: _add_position(where, todo, merges.get((sym[h], m)), h)
+            if h >= 0:
+                _add_position(where, todo, merges.get((sym[h], m)), h)
     return [s for s in sym if s >= 0]
 
 # %% ../nbs/01_tokenizer.ipynb #c96da400
 class BPETokenizer:
     "Byte-level BPE: learned merges, an optional pre-tokenization regex, and special tokens."
+
     def __init__(self, merges, pattern: str | None = None, special_tokens=None):
-        pairs = list(merges.items()) if isinstance(merges, dict) else [(tuple(p), 256 + i) for i, p in enumerate(merges)]
+        pairs = (
+            list(merges.items()) if isinstance(merges, dict) else [(tuple(p), 256 + i) for i, p in enumerate(merges)]
+        )
         self.merges, self.vocab = {}, {i: bytes([i]) for i in range(256)}
         for i, (pair, new_id) in enumerate(pairs):
-            if new_id != 256 + i: raise ValueError(f"merge number {i} {pair} must create id {256 + i}, not {new_id}")
+            if new_id != 256 + i:
+                raise ValueError(f"merge number {i} {pair} must create id {256 + i}, not {new_id}")
             if len(pair) != 2 or any(not isinstance(t, int) or not 0 <= t < new_id for t in pair):
                 raise ValueError(f"merge number {i} is {pair!r}: it must be a pair of existing ids (0..{new_id - 1})")
             self.merges[pair] = new_id
             self.vocab[new_id] = self.vocab[pair[0]] + self.vocab[pair[1]]
         n = 256 + len(self.merges)
-        if special_tokens is None: special_tokens = {}
-        if not isinstance(special_tokens, dict): special_tokens = {s: n + i for i, s in enumerate(special_tokens)}
+        if special_tokens is None:
+            special_tokens = {}
+        if not isinstance(special_tokens, dict):
+            special_tokens = {s: n + i for i, s in enumerate(special_tokens)}
         for i, (s, t) in enumerate(sorted(special_tokens.items(), key=lambda kv: kv[1])):
-            if not isinstance(s, str) or not s: raise ValueError(f"special tokens must be non-empty strings, got {s!r}")
-            if t != n + i: raise ValueError(f"special token {s!r} must have id {n + i} (right after the merges), not {t}")
+            if not isinstance(s, str) or not s:
+                raise ValueError(f"special tokens must be non-empty strings, got {s!r}")
+            if t != n + i:
+                raise ValueError(f"special token {s!r} must have id {n + i} (right after the merges), not {t}")
             self.vocab[t] = s.encode("utf-8")
         self.special_tokens = dict(special_tokens)
         self._token_ids = {b: i for i, b in self.vocab.items() if i < n}  # bytes -> id, special tokens excluded
@@ -281,71 +360,94 @@ class BPETokenizer:
     @classmethod
     def train(cls, text: str, vocab_size: int, pattern: str | None = None, special_tokens=None) -> BPETokenizer:
         "Learn merges from `text` until `vocab_size` ids (bytes + merges + specials); `pattern=None`: no pre-tokenization."
-        if not isinstance(text, str): raise TypeError(f"BPETokenizer.train expects a str, got {type(text).__name__}")
-        if not text: raise ValueError("BPETokenizer.train got an empty text: there is nothing to learn merges from")
+        if not isinstance(text, str):
+            raise TypeError(f"BPETokenizer.train expects a str, got {type(text).__name__}")
+        if not text:
+            raise ValueError("BPETokenizer.train got an empty text: there is nothing to learn merges from")
         specials = list(special_tokens or [])
-        if len(set(specials)) != len(specials): raise ValueError(f"special_tokens must be distinct, got {specials}")
+        if len(set(specials)) != len(specials):
+            raise ValueError(f"special_tokens must be distinct, got {specials}")
         _check_vocab_size(vocab_size, len(specials))
         n_merges = vocab_size - 256 - len(specials)
         try:
-            if pattern is None: chunks = [(text.encode("utf-8"), 1)]
-            else: chunks = [(c.encode("utf-8"), w) for c, w in Counter(pretokenize(text, pattern)).items()]
-        except UnicodeEncodeError: raise ValueError(_surrogate_message(text)) from None
+            if pattern is None:
+                chunks = [(text.encode("utf-8"), 1)]
+            else:
+                chunks = [(c.encode("utf-8"), w) for c, w in Counter(pretokenize(text, pattern)).items()]
+        except UnicodeEncodeError:
+            raise ValueError(_surrogate_message(text)) from None
         pairs, counts = bpe_merges(chunks, n_merges)
         if len(pairs) < n_merges:
-            warnings.warn(f"the training text ran out of pairs after {len(pairs)} merges: the vocabulary has "
-                          f"{256 + len(pairs) + len(specials)} ids, not {vocab_size}; train on more text for a bigger one")
+            warnings.warn(
+                f"the training text ran out of pairs after {len(pairs)} merges: the vocabulary has "
+                f"{256 + len(pairs) + len(specials)} ids, not {vocab_size}; train on more text for a bigger one"
+            )
         tok = cls(pairs, pattern, specials)
         tok.merge_counts = counts
         return tok
 
     @property
-    def vocab_size(self) -> int: return len(self.vocab)
+    def vocab_size(self) -> int:
+        return len(self.vocab)
 
     def encode_ordinary(self, text: str) -> list[int]:
         "Ids of `text`; special-token strings are treated as plain text."
-        if not isinstance(text, str): raise TypeError(f"encode expects a str, got {type(text).__name__}")
+        if not isinstance(text, str):
+            raise TypeError(f"encode expects a str, got {type(text).__name__}")
         try:
-            if self._pat is None: return apply_merges(text.encode("utf-8"), self.merges)
+            if self._pat is None:
+                return apply_merges(text.encode("utf-8"), self.merges)
             chunks, cache, token_ids, merges = pretokenize(text, self._pat), self._cache, self._token_ids, self.merges
             new = {}
             for c in set(chunks).difference(cache):  # each distinct chunk once
                 b = c.encode("utf-8")
                 t = token_ids.get(b)  # a whole token encodes to itself (see above)
                 new[c] = [t] if t is not None else apply_merges(b, merges)
-            if len(cache) + len(new) > 500_000: cache.clear()  # bounded: a huge corpus must not exhaust memory
+            if len(cache) + len(new) > 500_000:
+                cache.clear()  # bounded: a huge corpus must not exhaust memory
             cache.update(new)
             return list(chain.from_iterable(map(cache.__getitem__, chunks)))
-        except UnicodeEncodeError: raise ValueError(_surrogate_message(text)) from None
+        except UnicodeEncodeError:
+            raise ValueError(_surrogate_message(text)) from None
 
     def encode(self, text: str, allowed_special=(), disallowed_special="all") -> list[int]:
-        "Ids of `text`, with tiktoken's rules: special tokens in the text raise unless `allowed_special` (a set or \"all\")."
-        if not isinstance(text, str): raise TypeError(f"encode expects a str, got {type(text).__name__}")
+        'Ids of `text`, with tiktoken\'s rules: special tokens in the text raise unless `allowed_special` (a set or "all").'
+        if not isinstance(text, str):
+            raise TypeError(f"encode expects a str, got {type(text).__name__}")
         specials = self.special_tokens
         allowed = set(specials) if allowed_special == "all" else set(allowed_special)
         if allowed - set(specials):
-            raise ValueError(f"allowed_special names {sorted(allowed - set(specials))}, which are not special tokens of this "
-                             f"tokenizer (it has {sorted(specials)})")
+            raise ValueError(
+                f"allowed_special names {sorted(allowed - set(specials))}, which are not special tokens of this "
+                f"tokenizer (it has {sorted(specials)})"
+            )
         disallowed = set(specials) - allowed if disallowed_special == "all" else set(disallowed_special)
         if disallowed:
             m = regex.search("|".join(regex.escape(s) for s in sorted(disallowed, key=len, reverse=True)), text)
-            if m: raise ValueError(f"the text contains the special token {m.group()!r} at position {m.start()}; pass "
-                                   f"allowed_special={{{m.group()!r}}} to encode it as its special id, or "
-                                   "disallowed_special=() (or encode_ordinary) to encode it as plain text")
-        if not allowed: return self.encode_ordinary(text)
+            if m:
+                raise ValueError(
+                    f"the text contains the special token {m.group()!r} at position {m.start()}; pass "
+                    f"allowed_special={{{m.group()!r}}} to encode it as its special id, or "
+                    "disallowed_special=() (or encode_ordinary) to encode it as plain text"
+                )
+        if not allowed:
+            return self.encode_ordinary(text)
         out, start = [], 0
         for m in regex.finditer("|".join(regex.escape(s) for s in sorted(allowed, key=len, reverse=True)), text):
-            out += self.encode_ordinary(text[start:m.start()])
+            out += self.encode_ordinary(text[start : m.start()])
             out.append(specials[m.group()])
             start = m.end()
         return out + self.encode_ordinary(text[start:])
 
     def decode_bytes(self, ids) -> bytes:
         "The bytes of `ids`, concatenated (may end in the middle of a UTF-8 character)."
-        if isinstance(ids, (int, str, bytes)) or getattr(ids, "ndim", 1) == 0: raise TypeError(f"decode expects a sequence of ids, got {ids!r}; for one id use decode([id])")
+        if isinstance(ids, (int, str, bytes)) or getattr(ids, "ndim", 1) == 0:
+            raise TypeError(f"decode expects a sequence of ids, got {ids!r}; for one id use decode([id])")
         vocab, ids = self.vocab, list(ids)
-        try: return b"".join([vocab[i] for i in ids])
-        except (KeyError, TypeError): pass
+        try:
+            return b"".join([vocab[i] for i in ids])
+        except (KeyError, TypeError):
+            pass
         out = []  # the slow path: NumPy or torch integers, or a bad id to name
         for i in ids:
             i = operator.index(i)  # TypeError for floats and strings
@@ -358,82 +460,123 @@ class BPETokenizer:
         "The text of `ids`; bytes that are not valid UTF-8 (a token cut inside a character) become '\ufffd'."
         return self.decode_bytes(ids).decode("utf-8", errors=errors)
 
-    def save(self, path): _save_bpe(self, path)
+    def save(self, path):
+        _save_bpe(self, path)
+
     @classmethod
-    def load(cls, path) -> BPETokenizer: return _load_bpe(cls, path)
-    def to_tiktoken(self, name: str = "gptbook"): return _to_tiktoken(self, name)
-    def to_hf(self): return _to_hf(self)
+    def load(cls, path) -> BPETokenizer:
+        return _load_bpe(cls, path)
+
+    def to_tiktoken(self, name: str = "gptbook"):
+        return _to_tiktoken(self, name)
+
+    def to_hf(self):
+        return _to_hf(self)
 
     def __repr__(self):
         pat = "GPT2_PATTERN" if self.pattern == GPT2_PATTERN else self.pattern
-        return f"BPETokenizer(vocab_size={self.vocab_size}, pattern={pat!r}, special_tokens={list(self.special_tokens)})"
+        return (
+            f"BPETokenizer(vocab_size={self.vocab_size}, pattern={pat!r}, special_tokens={list(self.special_tokens)})"
+        )
+
 
 def _surrogate_message(text):
     i = next((i for i, c in enumerate(text) if 0xD800 <= ord(c) <= 0xDFFF), None)
-    return (f"the text contains a lone surrogate {text[i]!r} at position {i}: it is not a valid Unicode character and "
-            "has no UTF-8 bytes; clean the text first, e.g. text.encode('utf-8', 'replace').decode()")
+    return (
+        f"the text contains a lone surrogate {text[i]!r} at position {i}: it is not a valid Unicode character and "
+        "has no UTF-8 bytes; clean the text first, e.g. text.encode('utf-8', 'replace').decode()"
+    )
 
 # %% ../nbs/01_tokenizer.ipynb #dd87abbe
-def _token_text(b: bytes) -> str: return b.decode("utf-8", errors="backslashreplace")
+def _token_text(b: bytes) -> str:
+    return b.decode("utf-8", errors="backslashreplace")
+
 
 def _save_bpe(tok, path):
-    lines = ['{', ' "type": "bpe",', ' "version": 1,', f' "pattern": {json.dumps(tok.pattern)},',
-             f' "special_tokens": {json.dumps(tok.special_tokens, ensure_ascii=False)},', ' "merges": [']
+    lines = [
+        "{",
+        ' "type": "bpe",',
+        ' "version": 1,',
+        f' "pattern": {json.dumps(tok.pattern)},',
+        f' "special_tokens": {json.dumps(tok.special_tokens, ensure_ascii=False)},',
+        ' "merges": [',
+    ]
     merged = [json.dumps([a, b, _token_text(tok.vocab[i])], ensure_ascii=False) for (a, b), i in tok.merges.items()]
-    lines += ["  " + m + "," for m in merged[:-1]] + ["  " + m for m in merged[-1:]] + [' ]', '}']
+    lines += ["  " + m + "," for m in merged[:-1]] + ["  " + m for m in merged[-1:]] + [" ]", "}"]
     Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
+
 
 def _load_bpe(cls, path):
     d = json.loads(Path(path).read_text(encoding="utf-8"))
     t = d.get("type") if isinstance(d, dict) else None
     if t != "bpe":
-        raise ValueError(f"{path} is not a BPETokenizer file: its \"type\" is {t!r}, expected \"bpe\""
-                         + (" (use CharTokenizer.load for character files)" if t == "char" else ""))
-    if d.get("version") != 1: raise ValueError(f"{path} has format version {d.get('version')!r}; this gptbook reads version 1")
+        raise ValueError(
+            f'{path} is not a BPETokenizer file: its "type" is {t!r}, expected "bpe"'
+            + (" (use CharTokenizer.load for character files)" if t == "char" else "")
+        )
+    if d.get("version") != 1:
+        raise ValueError(f"{path} has format version {d.get('version')!r}; this gptbook reads version 1")
     tok = cls([tuple(m[:2]) for m in d["merges"]], d.get("pattern"), d.get("special_tokens") or {})
     for i, m in enumerate(d["merges"]):
         if len(m) > 2 and m[2] != _token_text(tok.vocab[256 + i]):
-            raise ValueError(f"{path}: merge {i} {m!r} says {m[2]!r}, but ids {m[0]} and {m[1]} make "
-                             f"{_token_text(tok.vocab[256 + i])!r}; fix the ids or the text")
+            raise ValueError(
+                f"{path}: merge {i} {m!r} says {m[2]!r}, but ids {m[0]} and {m[1]} make "
+                f"{_token_text(tok.vocab[256 + i])!r}; fix the ids or the text"
+            )
     return tok
 
 # %% ../nbs/01_tokenizer.ipynb #98b6a21e
 def _distinct_ranks(tok) -> dict:
     ranks = {}
     for i, b in tok.vocab.items():
-        if i >= 256 + len(tok.merges): break  # special tokens are handled separately
+        if i >= 256 + len(tok.merges):
+            break  # special tokens are handled separately
         if b in ranks:
-            raise ValueError(f"ids {ranks[b]} and {i} have the same bytes {b!r}; tiktoken and HF tokenizers need "
-                             "distinct bytes per token, so this tokenizer cannot be converted")
+            raise ValueError(
+                f"ids {ranks[b]} and {i} have the same bytes {b!r}; tiktoken and HF tokenizers need "
+                "distinct bytes per token, so this tokenizer cannot be converted"
+            )
         ranks[b] = i
     return ranks
 
+
 def _to_tiktoken(tok, name="gptbook"):
     import tiktoken
+
     pat = tok.pattern if tok.pattern is not None else r"[\s\S]+"  # no pre-tokenization: the whole text is one chunk
-    return tiktoken.Encoding(name, pat_str=pat, mergeable_ranks=_distinct_ranks(tok),
-                             special_tokens=dict(tok.special_tokens))
+    return tiktoken.Encoding(
+        name, pat_str=pat, mergeable_ranks=_distinct_ranks(tok), special_tokens=dict(tok.special_tokens)
+    )
+
 
 def _byte_to_char() -> dict:
     "GPT-2's printable stand-in for each byte: printable Latin-1 bytes are themselves, the rest chr(256 + n)."
     keep = set(range(ord("!"), ord("~") + 1)) | set(range(ord("¡"), ord("¬") + 1)) | set(range(ord("®"), ord("ÿ") + 1))
     out, n = {}, 0
     for b in range(256):
-        if b in keep: out[b] = chr(b)
-        else: out[b] = chr(256 + n); n += 1
+        if b in keep:
+            out[b] = chr(b)
+        else:
+            out[b] = chr(256 + n)
+            n += 1
     return out
+
 
 def _to_hf(tok):
     from tokenizers import Tokenizer, Regex, AddedToken, models, pre_tokenizers, decoders
+
     b2c = _byte_to_char()
     vocab = {"".join(b2c[x] for x in b): i for b, i in _distinct_ranks(tok).items()}
     merges = [("".join(b2c[x] for x in tok.vocab[a]), "".join(b2c[x] for x in tok.vocab[b])) for a, b in tok.merges]
     for s, i in tok.special_tokens.items():
-        if s in vocab: raise ValueError(f"special token {s!r} is spelled like token {vocab[s]} in byte-level form; rename it")
+        if s in vocab:
+            raise ValueError(f"special token {s!r} is spelled like token {vocab[s]} in byte-level form; rename it")
         vocab[s] = i
     hf = Tokenizer(models.BPE(vocab=vocab, merges=merges))
     steps = [] if tok.pattern is None else [pre_tokenizers.Split(Regex(tok.pattern), behavior="isolated")]
-    hf.pre_tokenizer = pre_tokenizers.Sequence(steps + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    hf.pre_tokenizer = pre_tokenizers.Sequence(
+        steps + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+    )
     hf.decoder = decoders.ByteLevel()
     hf.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in tok.special_tokens])
     return hf

@@ -45,9 +45,11 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 # %% ../nbs/08_training.ipynb #d3808619
 def lr_at(it: int, max_lr: float, warmup_iters: int, max_iters: int, min_lr: float) -> float:
     "Learning rate of step `it`: linear warmup to `max_lr`, cosine decay to `min_lr` at `max_iters`, then flat."
-    if it < warmup_iters: return max_lr * (it + 1) / warmup_iters
-    if it >= max_iters: return min_lr
-    progress = (it - warmup_iters) / max(1, max_iters - warmup_iters)     # 0 -> 1 over the decay
+    if it < warmup_iters:
+        return max_lr * (it + 1) / warmup_iters
+    if it >= max_iters:
+        return min_lr
+    progress = (it - warmup_iters) / max(1, max_iters - warmup_iters)  # 0 -> 1 over the decay
     return min_lr + 0.5 * (max_lr - min_lr) * (1.0 + math.cos(math.pi * progress))
 
 # %% ../nbs/08_training.ipynb #2ba3ecb2
@@ -55,14 +57,17 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     "Two AdamW groups: the weight matrices of `nn.Linear` layers decay; biases, norms and embeddings do not."
     decay = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-    decay -= embeddings                       # a head tied to the embedding is an embedding first
+    decay -= embeddings  # a head tied to the embedding is an embedding first
     params = list(dict.fromkeys(p for p in model.parameters() if p.requires_grad))  # each tensor once, in order
-    return [{"params": [p for p in params if id(p) in decay], "weight_decay": weight_decay},
-            {"params": [p for p in params if id(p) not in decay], "weight_decay": 0.0}]
+    return [
+        {"params": [p for p in params if id(p) in decay], "weight_decay": weight_decay},
+        {"params": [p for p in params if id(p) not in decay], "weight_decay": 0.0},
+    ]
 
 # %% ../nbs/08_training.ipynb #e1476f14
-def make_optimizer(model: nn.Module, lr: float = 1e-3, weight_decay: float = 0.1, betas=(0.9, 0.99),
-                   device_type: str = "cpu") -> torch.optim.AdamW:
+def make_optimizer(
+    model: nn.Module, lr: float = 1e-3, weight_decay: float = 0.1, betas=(0.9, 0.99), device_type: str = "cpu"
+) -> torch.optim.AdamW:
     "AdamW over `param_groups(model, weight_decay)`, fused into one kernel on CUDA."
     fused = True if device_type == "cuda" else None
     return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=tuple(betas), fused=fused)
@@ -71,27 +76,37 @@ def make_optimizer(model: nn.Module, lr: float = 1e-3, weight_decay: float = 0.1
 def pick_device(device: str = "auto") -> torch.device:
     "`'auto'`: CUDA if present, else Apple's MPS, else the CPU; any other string goes to `torch.device`."
     if device == "auto":
-        if torch.cuda.is_available(): return torch.device("cuda")
-        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available(): return torch.device("mps")
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            return torch.device("mps")
         return torch.device("cpu")
-    try: d = torch.device(device)
-    except RuntimeError as e: raise ValueError(f"unknown device {device!r}: use 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'") from e
+    try:
+        d = torch.device(device)
+    except RuntimeError as e:
+        raise ValueError(f"unknown device {device!r}: use 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'") from e
     if d.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {device!r} was asked for, but this PyTorch sees no CUDA GPU; use 'cpu' or 'auto'")
     if d.type == "mps" and not (getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()):
         raise ValueError(f"device {device!r} was asked for, but Apple's MPS is not available here; use 'cpu' or 'auto'")
     return d
 
+
 def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
     "`'auto'`: bfloat16 on a CUDA GPU that supports it, float32 elsewhere; or 'float32' / 'bfloat16' explicitly."
     if dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
-    if dtype in ("float32", "fp32"): return torch.float32
-    if dtype in ("bfloat16", "bf16"): return torch.bfloat16
+    if dtype in ("float32", "fp32"):
+        return torch.float32
+    if dtype in ("bfloat16", "bf16"):
+        return torch.bfloat16
     if dtype in ("float16", "fp16"):
-        raise ValueError("dtype 'float16' needs loss scaling (a GradScaler), which this trainer leaves out; "
-                         "use 'bfloat16', which has float32's exponent range and needs none")
+        raise ValueError(
+            "dtype 'float16' needs loss scaling (a GradScaler), which this trainer leaves out; "
+            "use 'bfloat16', which has float32's exponent range and needs none"
+        )
     raise ValueError(f"unknown dtype {dtype!r}: use 'auto', 'float32' or 'bfloat16'")
+
 
 def autocast(device: torch.device, dtype: torch.dtype):
     "Mixed precision for the forward pass when `dtype` is not float32; the weights stay float32."
@@ -101,55 +116,69 @@ def autocast(device: torch.device, dtype: torch.dtype):
 @dataclass
 class TrainConfig:
     "Everything about a training run except the model's shape (that is `GPTConfig`). Defaults: the CPU baby run."
-    out_dir: str = "out"             # checkpoints (ckpt_NNNNNNN/) and metrics.jsonl go here
-    preset: str = "baby"             # model preset: 'baby', 'gpt2-small' or 'llama-style' (see `model_config_for`)
+
+    out_dir: str = "out"  # checkpoints (ckpt_NNNNNNN/) and metrics.jsonl go here
+    preset: str = "baby"  # model preset: 'baby', 'gpt2-small' or 'llama-style' (see `model_config_for`)
     model_overrides: dict = field(default_factory=dict)  # GPTConfig fields to change, e.g. {"n_layers": 2}
-    tokenizer: str = "char"          # 'char' (65 ids on Tiny Shakespeare) or 'bpe'
-    bpe_vocab_size: int = 512        # only for tokenizer='bpe'
-    data_path: str | None = None     # a UTF-8 text file; None = Tiny Shakespeare
-    val_fraction: float = 0.1        # the last 10% of the text is validation
-    batch_size: int = 12             # sequences per micro-step, per process
-    context_len: int | None = None   # tokens per sequence; None = the model's max_seq_len
-    grad_accum: int = 1              # micro-steps per optimizer step (global batch = batch_size * grad_accum * processes)
-    max_iters: int = 2000            # optimizer steps
-    lr: float = 1e-3                 # peak learning rate; small models tolerate a large one
-    min_lr_ratio: float = 0.1        # the cosine ends at 10% of the peak
-    warmup_iters: int = 100          # linear warmup steps (~2,000 at GPT-2 scale)
-    weight_decay: float = 0.1        # on weight matrices only (see `param_groups`)
+    tokenizer: str = "char"  # 'char' (65 ids on Tiny Shakespeare) or 'bpe'
+    bpe_vocab_size: int = 512  # only for tokenizer='bpe'
+    data_path: str | None = None  # a UTF-8 text file; None = Tiny Shakespeare
+    val_fraction: float = 0.1  # the last 10% of the text is validation
+    batch_size: int = 12  # sequences per micro-step, per process
+    context_len: int | None = None  # tokens per sequence; None = the model's max_seq_len
+    grad_accum: int = 1  # micro-steps per optimizer step (global batch = batch_size * grad_accum * processes)
+    max_iters: int = 2000  # optimizer steps
+    lr: float = 1e-3  # peak learning rate; small models tolerate a large one
+    min_lr_ratio: float = 0.1  # the cosine ends at 10% of the peak
+    warmup_iters: int = 100  # linear warmup steps (~2,000 at GPT-2 scale)
+    weight_decay: float = 0.1  # on weight matrices only (see `param_groups`)
     beta1: float = 0.9
-    beta2: float = 0.99              # 0.95 at GPT scale; 0.99 suits the few tokens per step of a small run
-    grad_clip: float = 1.0           # max global gradient norm; 0 turns clipping off
-    eval_interval: int = 250         # evaluate, log and checkpoint every this many steps
-    eval_iters: int = 20             # batches per split in each evaluation
-    seed: int = 1337                 # initial weights, batch order, dropout
-    device: str = "auto"             # 'auto' = cuda, then mps, then cpu
-    dtype: str = "auto"              # 'auto' = bfloat16 on a GPU that has it, float32 elsewhere
-    compile: bool = False            # torch.compile the model (needs a C++ compiler; pays off on GPUs)
-    keep_last: int = 1               # checkpoints kept in out_dir
-    progress: bool = True            # tqdm progress bar (rank 0 only)
+    beta2: float = 0.99  # 0.95 at GPT scale; 0.99 suits the few tokens per step of a small run
+    grad_clip: float = 1.0  # max global gradient norm; 0 turns clipping off
+    eval_interval: int = 250  # evaluate, log and checkpoint every this many steps
+    eval_iters: int = 20  # batches per split in each evaluation
+    seed: int = 1337  # initial weights, batch order, dropout
+    device: str = "auto"  # 'auto' = cuda, then mps, then cpu
+    dtype: str = "auto"  # 'auto' = bfloat16 on a GPU that has it, float32 elsewhere
+    compile: bool = False  # torch.compile the model (needs a C++ compiler; pays off on GPUs)
+    keep_last: int = 1  # checkpoints kept in out_dir
+    progress: bool = True  # tqdm progress bar (rank 0 only)
 
     def __post_init__(self):
         for name in ("batch_size", "grad_accum", "eval_interval", "eval_iters", "keep_last"):
-            if getattr(self, name) < 1: raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.max_iters < 1: raise ValueError(f"max_iters must be at least 1 (a run that takes no step saves nothing), got {self.max_iters}")
-        if self.warmup_iters < 0: raise ValueError(f"warmup_iters must be >= 0, got {self.warmup_iters}")
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.max_iters < 1:
+            raise ValueError(
+                f"max_iters must be at least 1 (a run that takes no step saves nothing), got {self.max_iters}"
+            )
+        if self.warmup_iters < 0:
+            raise ValueError(f"warmup_iters must be >= 0, got {self.warmup_iters}")
         for name in ("weight_decay", "grad_clip"):  # grad_clip 0 turns clipping off; a negative value is a typo
-            if not getattr(self, name) >= 0: raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         for name in ("beta1", "beta2"):
-            if not 0 <= getattr(self, name) < 1: raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
-        if not 0 < self.val_fraction < 1: raise ValueError(f"val_fraction must be strictly between 0 and 1, got {self.val_fraction}")
-        if not self.lr > 0: raise ValueError(f"lr must be positive, got {self.lr}")
-        if not 0 <= self.min_lr_ratio <= 1: raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
-        if self.tokenizer not in ("char", "bpe"): raise ValueError(f"tokenizer must be 'char' or 'bpe', got {self.tokenizer!r}")
+            if not 0 <= getattr(self, name) < 1:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if not 0 < self.val_fraction < 1:
+            raise ValueError(f"val_fraction must be strictly between 0 and 1, got {self.val_fraction}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be positive, got {self.lr}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        if self.tokenizer not in ("char", "bpe"):
+            raise ValueError(f"tokenizer must be 'char' or 'bpe', got {self.tokenizer!r}")
 
     @property
-    def min_lr(self) -> float: return self.lr * self.min_lr_ratio
+    def min_lr(self) -> float:
+        return self.lr * self.min_lr_ratio
 
     def lr_at(self, it: int) -> float:
         "This run's learning rate at step `it`."
         return lr_at(it, self.lr, self.warmup_iters, self.max_iters, self.min_lr)
 
-    def to_dict(self) -> dict: return asdict(self)
+    def to_dict(self) -> dict:
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> TrainConfig:
@@ -161,15 +190,22 @@ class TrainConfig:
 CKPT_PREFIX = "ckpt_"
 CKPT_FILES = ("model.safetensors", "optimizer.safetensors", "rng.safetensors", "state.json")
 
+
 def _fsync_file(path):
-    with open(path, "rb+") as f: os.fsync(f.fileno())
+    with open(path, "rb+") as f:
+        os.fsync(f.fileno())
+
 
 def _fsync_dir(path):
     "Make a rename or a new file in `path` durable (POSIX only: other systems cannot open a folder)."
-    if os.name != "posix": return
+    if os.name != "posix":
+        return
     fd = os.open(path, os.O_RDONLY)
-    try: os.fsync(fd)
-    finally: os.close(fd)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
 
 def _unshare(state: dict) -> dict:
     "Contiguous tensors, with copies of those sharing memory with an earlier one (safetensors stores each tensor once)."
@@ -177,7 +213,7 @@ def _unshare(state: dict) -> dict:
     for k, v in state.items():
         v = v.detach().contiguous()
         key = (v.untyped_storage().data_ptr(), v.storage_offset(), tuple(v.shape))
-        out[k] = v.clone() if key in seen else v   # a tied output head shares the embedding's memory
+        out[k] = v.clone() if key in seen else v  # a tied output head shares the embedding's memory
         seen.add(key)
     return out
 
@@ -186,19 +222,21 @@ def _rng_state() -> tuple[dict, dict]:
     "The torch (CPU and CUDA), NumPy and Python RNG states: tensors for safetensors, the rest for JSON."
     tensors = {"torch_cpu": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        for i, s in enumerate(torch.cuda.get_rng_state_all()): tensors[f"torch_cuda_{i}"] = s
+        for i, s in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"torch_cuda_{i}"] = s
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     tensors["numpy_keys"] = torch.from_numpy(keys.astype(np.int64))
     version, py_state, gauss_next = random.getstate()
     extra = {"numpy": [kind, int(pos), int(has_gauss), float(cached)], "python": [version, list(py_state), gauss_next]}
     return tensors, extra
 
+
 def _set_rng_state(tensors: dict, extra: dict):
     "Restore what `_rng_state` returned."
     torch.set_rng_state(tensors["torch_cpu"])
     cuda = sorted((k for k in tensors if k.startswith("torch_cuda_")), key=lambda k: int(k.rsplit("_", 1)[1]))
     if cuda and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([tensors[k] for k in cuda][:torch.cuda.device_count()])
+        torch.cuda.set_rng_state_all([tensors[k] for k in cuda][: torch.cuda.device_count()])
     kind, pos, has_gauss, cached = extra["numpy"]
     np.random.set_state((kind, tensors["numpy_keys"].numpy().astype(np.uint32), pos, has_gauss, cached))
     version, py_state, gauss_next = extra["python"]
@@ -211,9 +249,12 @@ def _optimizer_to_files(optimizer) -> tuple[dict, dict]:
     tensors, scalars = {}, {}
     for i, s in sd["state"].items():
         for k, v in s.items():
-            if torch.is_tensor(v): tensors[f"{i}.{k}"] = v.detach().contiguous()
-            else: scalars[f"{i}.{k}"] = v
+            if torch.is_tensor(v):
+                tensors[f"{i}.{k}"] = v.detach().contiguous()
+            else:
+                scalars[f"{i}.{k}"] = v
     return tensors, {"param_groups": sd["param_groups"], "scalars": scalars}
+
 
 def _optimizer_from_files(tensors: dict, meta: dict) -> dict:
     "The state_dict that `_optimizer_to_files` took apart."
@@ -222,7 +263,10 @@ def _optimizer_from_files(tensors: dict, meta: dict) -> dict:
         i, k = key.split(".", 1)
         state.setdefault(int(i), {})[k] = v
     # JSON turned tuples (AdamW's betas) into lists: turn them back, leaving the parameter index lists alone
-    groups = [{k: tuple(v) if isinstance(v, list) and k != "params" else v for k, v in g.items()} for g in meta["param_groups"]]
+    groups = [
+        {k: tuple(v) if isinstance(v, list) and k != "params" else v for k, v in g.items()}
+        for g in meta["param_groups"]
+    ]
     return {"state": state, "param_groups": groups}
 
 # %% ../nbs/08_training.ipynb #a4b4df47
@@ -232,23 +276,39 @@ def _remove_dir(path: Path):
     os.rename(path, trash)
     shutil.rmtree(trash, ignore_errors=True)
 
+
 def _remove_leftovers(out_dir: Path, keep: str = ""):
     "Delete what killed saves left behind: temporary and half-deleted folders (never a `ckpt_` folder)."
     for p in out_dir.iterdir():
         if p.is_dir() and p.name != keep and p.name.startswith((".tmp_" + CKPT_PREFIX, ".trash_")):
             shutil.rmtree(p, ignore_errors=True)
 
+
 def list_checkpoints(out_dir) -> list[Path]:
     "The complete checkpoint folders in `out_dir`, oldest (lowest step) first."
     out_dir = Path(out_dir)
-    if not out_dir.is_dir(): return []
-    found = [p for p in out_dir.iterdir()
-             if p.is_dir() and p.name.startswith(CKPT_PREFIX) and p.name[len(CKPT_PREFIX):].isdigit()]
-    return sorted(found, key=lambda p: int(p.name[len(CKPT_PREFIX):]))
+    if not out_dir.is_dir():
+        return []
+    found = [
+        p
+        for p in out_dir.iterdir()
+        if p.is_dir() and p.name.startswith(CKPT_PREFIX) and p.name[len(CKPT_PREFIX) :].isdigit()
+    ]
+    return sorted(found, key=lambda p: int(p.name[len(CKPT_PREFIX) :]))
 
-def save_checkpoint(out_dir, iteration: int, model: nn.Module, optimizer=None, data_generator=None,
-                    train_config: TrainConfig | None = None, model_config=None, tokenizer=None,
-                    extra: dict | None = None, keep_last: int = 1) -> Path:
+
+def save_checkpoint(
+    out_dir,
+    iteration: int,
+    model: nn.Module,
+    optimizer=None,
+    data_generator=None,
+    train_config: TrainConfig | None = None,
+    model_config=None,
+    tokenizer=None,
+    extra: dict | None = None,
+    keep_last: int = 1,
+) -> Path:
     "Write `out_dir/ckpt_<iteration>/` atomically (temp folder, fsync, rename); keep only the last `keep_last`."
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -259,24 +319,37 @@ def save_checkpoint(out_dir, iteration: int, model: nn.Module, optimizer=None, d
         opt_tensors, opt_meta = _optimizer_to_files(optimizer) if optimizer is not None else ({}, None)
         save_file(opt_tensors, tmp / "optimizer.safetensors")
         rng_tensors, rng_extra = _rng_state()
-        if data_generator is not None: rng_tensors["data_generator"] = data_generator.get_state()
+        if data_generator is not None:
+            rng_tensors["data_generator"] = data_generator.get_state()
         save_file(rng_tensors, tmp / "rng.safetensors")
-        if tokenizer is not None: tokenizer.save(tmp / "tokenizer.json")
-        if model_config is not None and not isinstance(model_config, dict): model_config = model_config.to_dict()
-        state = {"format": "gptbook-checkpoint", "version": 1, "iter": iteration,
-                 "train_config": train_config.to_dict() if train_config is not None else None,
-                 "model_config": model_config, "tokenizer": type(tokenizer).__name__ if tokenizer is not None else None,
-                 "optimizer": opt_meta, "rng": rng_extra, **(extra or {})}
+        if tokenizer is not None:
+            tokenizer.save(tmp / "tokenizer.json")
+        if model_config is not None and not isinstance(model_config, dict):
+            model_config = model_config.to_dict()
+        state = {
+            "format": "gptbook-checkpoint",
+            "version": 1,
+            "iter": iteration,
+            "train_config": train_config.to_dict() if train_config is not None else None,
+            "model_config": model_config,
+            "tokenizer": type(tokenizer).__name__ if tokenizer is not None else None,
+            "optimizer": opt_meta,
+            "rng": rng_extra,
+            **(extra or {}),
+        }
         (tmp / "state.json").write_text(json.dumps(state, indent=1), encoding="utf-8")
-        for f in tmp.iterdir(): _fsync_file(f)     # the bytes are on disk ...
+        for f in tmp.iterdir():
+            _fsync_file(f)  # the bytes are on disk ...
         _fsync_dir(tmp)
-        if final.exists(): _remove_dir(final)       # (a leftover with the same name from an earlier run)
-        os.rename(tmp, final)                       # ... before the checkpoint appears, complete, under its name
+        if final.exists():
+            _remove_dir(final)  # (a leftover with the same name from an earlier run)
+        os.rename(tmp, final)  # ... before the checkpoint appears, complete, under its name
         _fsync_dir(out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    for old in list_checkpoints(out_dir)[:-keep_last]: _remove_dir(old)
+    for old in list_checkpoints(out_dir)[:-keep_last]:
+        _remove_dir(old)
     _remove_leftovers(out_dir, keep=tmp.name)
     return final
 
@@ -284,43 +357,60 @@ def save_checkpoint(out_dir, iteration: int, model: nn.Module, optimizer=None, d
 def find_checkpoint(path) -> Path:
     "`path` itself if it is a checkpoint folder, else the latest checkpoint in the run folder `path`."
     path = Path(path)
-    if (path / "state.json").is_file() and (path / "model.safetensors").is_file(): return path
+    if (path / "state.json").is_file() and (path / "model.safetensors").is_file():
+        return path
     ckpts = list_checkpoints(path)
     if not ckpts:
         why = "does not exist" if not path.exists() else "holds no checkpoint (no ckpt_* folder)"
-        raise FileNotFoundError(f"{path} {why}; train a model with `gptbook train --out {path}`, or pass a checkpoint folder")
+        raise FileNotFoundError(
+            f"{path} {why}; train a model with `gptbook train --out {path}`, or pass a checkpoint folder"
+        )
     return ckpts[-1]
+
 
 def _load_tensors(path: Path) -> dict:
     "The tensors of a safetensors file, or a ValueError that names the damaged file."
-    try: return load_file(path)
+    try:
+        return load_file(path)
     except Exception as e:  # safetensors raises its own error type for a truncated or corrupt file
         raise ValueError(f"{path} cannot be read ({e}): the file is damaged; use an earlier checkpoint") from e
 
+
 def _read_state(folder: Path) -> dict:
     for f in CKPT_FILES:
-        if not (folder / f).is_file(): raise FileNotFoundError(f"checkpoint {folder} is incomplete: {f} is missing")
-    try: state = json.loads((folder / "state.json").read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e: raise ValueError(f"{folder / 'state.json'} is not valid JSON ({e}): the file is damaged") from e
-    if state.get("format") != "gptbook-checkpoint": raise ValueError(f"{folder}/state.json is not a gptbook checkpoint")
+        if not (folder / f).is_file():
+            raise FileNotFoundError(f"checkpoint {folder} is incomplete: {f} is missing")
+    try:
+        state = json.loads((folder / "state.json").read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{folder / 'state.json'} is not valid JSON ({e}): the file is damaged") from e
+    if state.get("format") != "gptbook-checkpoint":
+        raise ValueError(f"{folder}/state.json is not a gptbook checkpoint")
     return state
+
 
 def checkpoint_state(path) -> dict:
     "The `state.json` of a checkpoint (step, configs, ...) and its `path`, without loading any weights."
     folder = find_checkpoint(path)
     return {**_read_state(folder), "path": folder}
 
+
 def _load_tokenizer(folder: Path, cls_name: str | None):
-    if cls_name is None: return None
-    if cls_name == "CharTokenizer": return CharTokenizer.load(folder / "tokenizer.json")
+    if cls_name is None:
+        return None
+    if cls_name == "CharTokenizer":
+        return CharTokenizer.load(folder / "tokenizer.json")
     if cls_name == "BPETokenizer":
         from gptbook.tokenizer import BPETokenizer
+
         return BPETokenizer.load(folder / "tokenizer.json")
     raise ValueError(f"{folder} holds a tokenizer of unknown type {cls_name!r}")
+
 
 @dataclass
 class Checkpoint:
     "A loaded checkpoint: the model (eval mode), its tokenizer and configs, the step and the folder."
+
     model: nn.Module
     tokenizer: object
     model_config: GPTConfig
@@ -328,54 +418,70 @@ class Checkpoint:
     iter: int
     path: Path
 
+
 def load_checkpoint(path, device="cpu") -> Checkpoint:
     "Load the GPT of a checkpoint folder (or of the latest checkpoint in a run folder) for inference."
     folder = find_checkpoint(path)
     state = _read_state(folder)
-    if state["model_config"] is None: raise ValueError(f"{folder} has no model_config, so its model cannot be rebuilt")
+    if state["model_config"] is None:
+        raise ValueError(f"{folder} has no model_config, so its model cannot be rebuilt")
     model_config = GPTConfig.from_dict(state["model_config"])
     model = GPT(model_config)
     model.load_state_dict(_load_tensors(folder / "model.safetensors"))
     model.to(pick_device(device) if isinstance(device, str) else device).eval()
     tc = state["train_config"]
-    return Checkpoint(model, _load_tokenizer(folder, state["tokenizer"]), model_config,
-                      TrainConfig.from_dict(tc) if tc is not None else None, state["iter"], folder)
+    return Checkpoint(
+        model,
+        _load_tokenizer(folder, state["tokenizer"]),
+        model_config,
+        TrainConfig.from_dict(tc) if tc is not None else None,
+        state["iter"],
+        folder,
+    )
 
 # %% ../nbs/08_training.ipynb #d6e5cd24
 def patch_to(cls):
     "Decorator: add the function to `cls` as a method (fastcore's `patch_to`, in four lines)."
+
     def attach(f):
         setattr(cls, f.__name__, f)
         return f
+
     return attach
 
 # %% ../nbs/08_training.ipynb #441da4a3
 class TrainingDiverged(FloatingPointError):
     "The loss became NaN or infinite."
 
+
 class Trainer:
     "A training run: model, AdamW, data, warmup + cosine schedule, accumulation, clipping, mixed precision, DDP, checkpoints."
+
     def __init__(self, model: nn.Module, data: TokenData, cfg: TrainConfig, model_config=None):
         self.cfg, self.data, self.model_config = cfg, data, model_config
         ddp = dist.is_available() and dist.is_initialized()
         self.rank, self.world_size = (dist.get_rank(), dist.get_world_size()) if ddp else (0, 1)
         self.local_rank, self.is_main = int(os.environ.get("LOCAL_RANK", 0)), self.rank == 0
         device = pick_device(cfg.device)
-        if device.type == "cuda" and self.world_size > 1: device = torch.device("cuda", self.local_rank)
+        if device.type == "cuda" and self.world_size > 1:
+            device = torch.device("cuda", self.local_rank)
         self.device, self.dtype = device, pick_dtype(cfg.dtype, device)
-        if device.type == "cuda": torch.set_float32_matmul_precision("high")   # TF32 for float32 matmuls
+        if device.type == "cuda":
+            torch.set_float32_matmul_precision("high")  # TF32 for float32 matmuls
         self.raw_model = model.to(device)
         self.context_len = cfg.context_len or getattr(getattr(model, "config", None), "max_seq_len", None)
-        if self.context_len is None: raise ValueError("set TrainConfig.context_len: the model has no config.max_seq_len")
+        if self.context_len is None:
+            raise ValueError("set TrainConfig.context_len: the model has no config.max_seq_len")
         self.optimizer = make_optimizer(model, cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2), device.type)
-        self.fwd_model = torch.compile(model) if cfg.compile else model   # forward passes for evaluation
-        self.model = self.fwd_model                                       # forward + backward for training
+        self.fwd_model = torch.compile(model) if cfg.compile else model  # forward passes for evaluation
+        self.model = self.fwd_model  # forward + backward for training
         if self.world_size > 1:
             from torch.nn.parallel import DistributedDataParallel as DDP
+
             self.model = DDP(self.fwd_model, device_ids=[self.local_rank] if device.type == "cuda" else None)
-        self.gen = torch.Generator().manual_seed(cfg.seed)   # the order of training batches
+        self.gen = torch.Generator().manual_seed(cfg.seed)  # the order of training batches
         self.iter, self.last_eval_iter = 0, None
-        self.history: list[dict] = []       # one record per evaluation, as in metrics.jsonl
+        self.history: list[dict] = []  # one record per evaluation, as in metrics.jsonl
         self.step_losses: list[float] = []  # the training loss of every step taken by this Trainer
         self.out_dir = Path(cfg.out_dir)
         self.metrics_path = self.out_dir / "metrics.jsonl"
@@ -388,8 +494,9 @@ class Trainer:
     def batch(self, split: str = "train", generator=None):
         "This process's share of a batch of `split`, on the training device."
         data = self.data.train if split == "train" else self.data.val
-        return get_batch(data, self.cfg.batch_size, self.context_len, generator or self.gen,
-                         self.rank, self.world_size, self.device)
+        return get_batch(
+            data, self.cfg.batch_size, self.context_len, generator or self.gen, self.rank, self.world_size, self.device
+        )
 
     def _mean_over_ranks(self, x: torch.Tensor) -> torch.Tensor:
         if self.world_size > 1:
@@ -403,26 +510,29 @@ def train_step(self) -> dict:
     "One optimizer step over `grad_accum` micro-batches; returns its loss, pre-clip gradient norm and lr."
     cfg, model = self.cfg, self.model
     lr = cfg.lr_at(self.iter)
-    for group in self.optimizer.param_groups: group["lr"] = lr
+    for group in self.optimizer.param_groups:
+        group["lr"] = lr
     loss_sum = torch.zeros((), device=self.device)
     for micro in range(cfg.grad_accum):
-        x, y = self.batch("train")                                      # (B, T) each
+        x, y = self.batch("train")  # (B, T) each
         last = micro == cfg.grad_accum - 1
         sync = nullcontext() if last or self.world_size == 1 else model.no_sync()
         with sync:
             with autocast(self.device, self.dtype):
-                loss = lm_loss(model(x), y) / cfg.grad_accum            # a share of the mean over the batch
-            loss.backward()                                             # adds into .grad
+                loss = lm_loss(model(x), y) / cfg.grad_accum  # a share of the mean over the batch
+            loss.backward()  # adds into .grad
         loss_sum += loss.detach()
-    loss = self._mean_over_ranks(loss_sum).item()                       # every process sees the same number
+    loss = self._mean_over_ranks(loss_sum).item()  # every process sees the same number
     if not math.isfinite(loss):
         self.optimizer.zero_grad(set_to_none=True)
         ckpts = list_checkpoints(self.out_dir)
-        raise TrainingDiverged(f"the loss is {loss} at step {self.iter}; training stopped before updating the weights. "
-                               + (f"The last good checkpoint is {ckpts[-1]}. " if ckpts else "No checkpoint was saved yet. ")
-                               + "Try a lower lr, more warmup_iters, or dtype float32.")
+        raise TrainingDiverged(
+            f"the loss is {loss} at step {self.iter}; training stopped before updating the weights. "
+            + (f"The last good checkpoint is {ckpts[-1]}. " if ckpts else "No checkpoint was saved yet. ")
+            + "Try a lower lr, more warmup_iters, or dtype float32."
+        )
     max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
-    grad_norm = torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), max_norm).item()   # before clipping
+    grad_norm = torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), max_norm).item()  # before clipping
     self.optimizer.step()
     self.optimizer.zero_grad(set_to_none=True)
     self.iter += 1
@@ -440,9 +550,10 @@ def evaluate(self) -> dict:
         g = torch.Generator().manual_seed(self.cfg.seed + 1)
         losses = torch.zeros(self.cfg.eval_iters, device=self.device)
         for k in range(self.cfg.eval_iters):
-            for _ in range(accum):                                        # as many windows as one optimizer step
-                x, y = self.batch(split, g)                               # (B, T) each
-                with autocast(self.device, self.dtype): losses[k] += lm_loss(self.fwd_model(x), y) / accum
+            for _ in range(accum):  # as many windows as one optimizer step
+                x, y = self.batch(split, g)  # (B, T) each
+                with autocast(self.device, self.dtype):
+                    losses[k] += lm_loss(self.fwd_model(x), y) / accum
         out[split] = self._mean_over_ranks(losses.mean()).item()
     self.fwd_model.train()
     return out
@@ -451,23 +562,39 @@ def evaluate(self) -> dict:
 def read_metrics(path) -> list[dict]:
     "The records of a `metrics.jsonl` file (or of a run folder's); [] if there is none."
     path = Path(path)
-    if path.is_dir(): path = path / "metrics.jsonl"
-    if not path.is_file(): return []
+    if path.is_dir():
+        path = path / "metrics.jsonl"
+    if not path.is_file():
+        return []
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
+
 def _rewrite_metrics(path: Path, records: list[dict]):
-    if not path.parent.is_dir(): return
+    if not path.parent.is_dir():
+        return
     tmp = path.with_name(f".{path.name}.part")
     tmp.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
     os.replace(tmp, path)
 
+
 @patch_to(Trainer)
 def save(self) -> Path | None:
     "Checkpoint the run at its current step (on rank 0; the other processes return None)."
-    if not self.is_main: return None
-    return save_checkpoint(self.out_dir, self.iter, self.raw_model, self.optimizer, self.gen, self.cfg,
-                           self.model_config, self.data.tokenizer, keep_last=self.cfg.keep_last,
-                           extra={"last_eval_iter": self.last_eval_iter, "world_size": self.world_size})
+    if not self.is_main:
+        return None
+    return save_checkpoint(
+        self.out_dir,
+        self.iter,
+        self.raw_model,
+        self.optimizer,
+        self.gen,
+        self.cfg,
+        self.model_config,
+        self.data.tokenizer,
+        keep_last=self.cfg.keep_last,
+        extra={"last_eval_iter": self.last_eval_iter, "world_size": self.world_size},
+    )
+
 
 @patch_to(Trainer)
 def load(self, path) -> Path:
@@ -475,15 +602,18 @@ def load(self, path) -> Path:
     folder = find_checkpoint(path)
     state = _read_state(folder)
     self.raw_model.load_state_dict(_load_tensors(folder / "model.safetensors"))
-    self.optimizer.load_state_dict(_optimizer_from_files(_load_tensors(folder / "optimizer.safetensors"), state["optimizer"]))
+    self.optimizer.load_state_dict(
+        _optimizer_from_files(_load_tensors(folder / "optimizer.safetensors"), state["optimizer"])
+    )
     rng = _load_tensors(folder / "rng.safetensors")
     _set_rng_state(rng, state["rng"])
     self.gen.set_state(rng["data_generator"])
-    if self.world_size > 1 and self.rank > 0:   # only rank 0's RNG is saved: the others reseed their own stream
+    if self.world_size > 1 and self.rank > 0:  # only rank 0's RNG is saved: the others reseed their own stream
         torch.manual_seed(self.cfg.seed + 1000 * self.rank + state["iter"])
     self.iter, self.last_eval_iter = state["iter"], state.get("last_eval_iter")
     self.history = [r for r in read_metrics(self.metrics_path) if r["iter"] <= self.iter]
-    if self.is_main: _rewrite_metrics(self.metrics_path, self.history)
+    if self.is_main:
+        _rewrite_metrics(self.metrics_path, self.history)
     return folder
 
 # %% ../nbs/08_training.ipynb #754eff02
@@ -491,9 +621,12 @@ def load(self, path) -> Path:
 def log(self, record: dict):
     "Keep `record` in `history`; on rank 0 also append it to metrics.jsonl."
     self.history.append(record)
-    if not self.is_main: return
+    if not self.is_main:
+        return
     self.out_dir.mkdir(parents=True, exist_ok=True)
-    with open(self.metrics_path, "a", encoding="utf-8") as f: f.write(json.dumps(record) + "\n")
+    with open(self.metrics_path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+
 
 @patch_to(Trainer)
 def fit(self, stop_at: int | None = None) -> list[dict]:
@@ -501,8 +634,15 @@ def fit(self, stop_at: int | None = None) -> list[dict]:
     cfg = self.cfg
     end = cfg.max_iters if stop_at is None else min(stop_at, cfg.max_iters)
     # disable=None: tqdm turns itself off when stderr is not a terminal (logs, CI), instead of filling them
-    bar = tqdm(total=cfg.max_iters, initial=self.iter, disable=None if cfg.progress and self.is_main else True,
-               desc="train", unit="step", dynamic_ncols=True, mininterval=0.5)
+    bar = tqdm(
+        total=cfg.max_iters,
+        initial=self.iter,
+        disable=None if cfg.progress and self.is_main else True,
+        desc="train",
+        unit="step",
+        dynamic_ncols=True,
+        mininterval=0.5,
+    )
     t_steps, n_steps, norms, t_start = 0.0, 0, [], time.perf_counter()
     try:
         while True:
@@ -510,21 +650,32 @@ def fit(self, stop_at: int | None = None) -> list[dict]:
             if (it % cfg.eval_interval == 0 or it == end) and it != self.last_eval_iter:
                 losses = self.evaluate()
                 self.last_eval_iter = it
-                self.log({"iter": it, "train_loss": losses["train"], "val_loss": losses["val"],
-                          "lr": cfg.lr_at(max(it - 1, 0)),
-                          "tokens_per_sec": n_steps * self.tokens_per_step / t_steps if n_steps else 0.0,
-                          "grad_norm": sum(norms) / len(norms) if norms else None,
-                          "ms_per_iter": 1000 * t_steps / n_steps if n_steps else None,
-                          "elapsed_s": time.perf_counter() - t_start})
+                self.log(
+                    {
+                        "iter": it,
+                        "train_loss": losses["train"],
+                        "val_loss": losses["val"],
+                        "lr": cfg.lr_at(max(it - 1, 0)),
+                        "tokens_per_sec": n_steps * self.tokens_per_step / t_steps if n_steps else 0.0,
+                        "grad_norm": sum(norms) / len(norms) if norms else None,
+                        "ms_per_iter": 1000 * t_steps / n_steps if n_steps else None,
+                        "elapsed_s": time.perf_counter() - t_start,
+                    }
+                )
                 if self.is_main:
                     r = self.history[-1]
                     msg = f"step {it}: train loss {r['train_loss']:.4f}, val loss {r['val_loss']:.4f}"
-                    if n_steps: msg += f", {r['tokens_per_sec']:,.0f} tokens/s, {r['ms_per_iter']:.1f} ms/step"
-                    if bar.disable: print(msg, flush=True)
-                    else: bar.write(msg)
-                if it > 0: self.save()
+                    if n_steps:
+                        msg += f", {r['tokens_per_sec']:,.0f} tokens/s, {r['ms_per_iter']:.1f} ms/step"
+                    if bar.disable:
+                        print(msg, flush=True)
+                    else:
+                        bar.write(msg)
+                if it > 0:
+                    self.save()
                 t_steps, n_steps, norms = 0.0, 0, []
-            if it >= end: break
+            if it >= end:
+                break
             t0 = time.perf_counter()
             s = self.train_step()
             t_steps += time.perf_counter() - t0
@@ -532,8 +683,12 @@ def fit(self, stop_at: int | None = None) -> list[dict]:
             norms.append(s["grad_norm"])
             bar.update(1)
             if self.iter % 10 == 0 or self.iter == end:
-                bar.set_postfix(loss=f"{s['loss']:.3f}", lr=f"{s['lr']:.1e}",
-                                tok_s=f"{self.tokens_per_step * n_steps / t_steps:,.0f}", refresh=False)
+                bar.set_postfix(
+                    loss=f"{s['loss']:.3f}",
+                    lr=f"{s['lr']:.1e}",
+                    tok_s=f"{self.tokens_per_step * n_steps / t_steps:,.0f}",
+                    refresh=False,
+                )
     finally:
         bar.close()
     return self.history
@@ -541,37 +696,49 @@ def fit(self, stop_at: int | None = None) -> list[dict]:
 # %% ../nbs/08_training.ipynb #e5c18959
 def plot_metrics(metrics, ax=None, title: str | None = None):
     "Train and val loss against the step, from a run folder, a metrics.jsonl file or a list of records."
-    import matplotlib.pyplot as plt   # only this function needs matplotlib
+    import matplotlib.pyplot as plt  # only this function needs matplotlib
+
     records = metrics if isinstance(metrics, list) else read_metrics(metrics)
-    if ax is None: _, ax = plt.subplots(figsize=(6, 3.5))
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 3.5))
     its = [r["iter"] for r in records]
     ax.plot(its, [r["train_loss"] for r in records], "o-", ms=3, label="train")
     ax.plot(its, [r["val_loss"] for r in records], "o-", ms=3, label="val")
-    ax.set_xlabel("step"); ax.set_ylabel("cross-entropy (nats/token)")
-    if title: ax.set_title(title)
-    ax.grid(alpha=0.3); ax.legend()
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy (nats/token)")
+    if title:
+        ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
     return ax
 
 # %% ../nbs/08_training.ipynb #3fd58852
 def init_distributed() -> tuple[int, int, int]:
     "Join the process group when launched by `torchrun` (WORLD_SIZE > 1): NCCL on GPUs, else gloo. Returns (rank, local_rank, world_size)."
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world == 1: return 0, 0, 1
+    if world == 1:
+        return 0, 0, 1
     local = int(os.environ.get("LOCAL_RANK", "0"))
     if not dist.is_initialized():
         use_nccl = torch.cuda.is_available() and os.environ.get("GPTBOOK_DDP_BACKEND", "nccl") == "nccl"
-        if use_nccl: torch.cuda.set_device(local)
+        if use_nccl:
+            torch.cuda.set_device(local)
         dist.init_process_group("nccl" if use_nccl else "gloo")
     return dist.get_rank(), local, dist.get_world_size()
 
 # %% ../nbs/08_training.ipynb #88b4e49f
 PRESETS = ("baby", "gpt2-small", "llama-style")
 
+
 def model_config_for(preset: str, vocab_size: int, **overrides) -> GPTConfig:
     "The `GPTConfig` of a preset ('baby', 'gpt2-small', 'llama-style') for `vocab_size` ids, with `overrides` applied."
-    makers = {"baby": lambda: GPTConfig.baby(vocab_size), "gpt2-small": GPTConfig.gpt2_small,
-              "llama-style": GPTConfig.llama_style}
-    if preset not in makers: raise ValueError(f"unknown preset {preset!r}: use one of {', '.join(PRESETS)}")
+    makers = {
+        "baby": lambda: GPTConfig.baby(vocab_size),
+        "gpt2-small": GPTConfig.gpt2_small,
+        "llama-style": GPTConfig.llama_style,
+    }
+    if preset not in makers:
+        raise ValueError(f"unknown preset {preset!r}: use one of {', '.join(PRESETS)}")
     base = makers[preset]()
     known = {f.name for f in dataclasses.fields(base)}
     if bad := sorted(set(overrides) - known):
@@ -582,13 +749,21 @@ def model_config_for(preset: str, vocab_size: int, **overrides) -> GPTConfig:
 def _clear_run(out_dir: Path) -> int:
     "Remove the checkpoints, leftovers and metrics of an earlier run in `out_dir`; returns the number of checkpoints."
     old = list_checkpoints(out_dir)
-    for p in old: _remove_dir(p)
-    if out_dir.is_dir(): _remove_leftovers(out_dir)
+    for p in old:
+        _remove_dir(p)
+    if out_dir.is_dir():
+        _remove_leftovers(out_dir)
     (out_dir / "metrics.jsonl").unlink(missing_ok=True)
     return len(old)
 
-def train(cfg: TrainConfig | None = None, model_config: GPTConfig | None = None, *, resume: bool = False,
-          data: TokenData | None = None) -> Trainer:
+
+def train(
+    cfg: TrainConfig | None = None,
+    model_config: GPTConfig | None = None,
+    *,
+    resume: bool = False,
+    data: TokenData | None = None,
+) -> Trainer:
     "Train a GPT as `cfg` says, from scratch or (`resume=True`) from the latest checkpoint in `cfg.out_dir`; returns the Trainer."
     rank, _, world = init_distributed()
     folder, tokenizer = None, None
@@ -601,19 +776,26 @@ def train(cfg: TrainConfig | None = None, model_config: GPTConfig | None = None,
     cfg = cfg or TrainConfig()
     if data is None:
         data = load_token_data(tokenizer or cfg.tokenizer, cfg.bpe_vocab_size, cfg.data_path, cfg.val_fraction)
-    if model_config is None: model_config = model_config_for(cfg.preset, data.vocab_size, **cfg.model_overrides)
+    if model_config is None:
+        model_config = model_config_for(cfg.preset, data.vocab_size, **cfg.model_overrides)
     if model_config.vocab_size < data.vocab_size:
-        raise ValueError(f"the model's vocab_size {model_config.vocab_size} is smaller than the tokenizer's {data.vocab_size}")
+        raise ValueError(
+            f"the model's vocab_size {model_config.vocab_size} is smaller than the tokenizer's {data.vocab_size}"
+        )
     out_dir = Path(cfg.out_dir)
     pick_dtype(cfg.dtype, pick_device(cfg.device))  # a bad device or dtype fails here, before an earlier run is removed
     if not resume and rank == 0 and (n := _clear_run(out_dir)):
-        print(f"note: fresh run in {out_dir}: removed {n} checkpoint(s) of an earlier run (resume to continue a run instead)",
-              file=sys.stderr)
-    if world > 1: dist.barrier()
-    torch.manual_seed(cfg.seed)            # the same initial weights in every process
+        print(
+            f"note: fresh run in {out_dir}: removed {n} checkpoint(s) of an earlier run (resume to continue a run instead)",
+            file=sys.stderr,
+        )
+    if world > 1:
+        dist.barrier()
+    torch.manual_seed(cfg.seed)  # the same initial weights in every process
     model = GPT(model_config)
-    torch.manual_seed(cfg.seed + rank)     # then a dropout stream of its own per process
+    torch.manual_seed(cfg.seed + rank)  # then a dropout stream of its own per process
     trainer = Trainer(model, data, cfg, model_config)
-    if resume: trainer.load(folder)
+    if resume:
+        trainer.load(folder)
     trainer.fit()
     return trainer

@@ -1,4 +1,5 @@
 """Shared pytest set-up: find Tiny Shakespeare the way CI and the developers' machines have it."""
+
 import os
 from pathlib import Path
 
@@ -27,8 +28,10 @@ def shakespeare_path():
     "Path of tinyshakespeare.txt, or skip the test saying how to supply it."
     p = _data_file()
     if p is None:
-        pytest.skip("Tiny Shakespeare not found: set GPTBOOK_DATA=/path/to/tinyshakespeare.txt "
-                    "(or keep it at ../shared/data/ beside the repo)")
+        pytest.skip(
+            "Tiny Shakespeare not found: set GPTBOOK_DATA=/path/to/tinyshakespeare.txt "
+            "(or keep it at ../shared/data/ beside the repo)"
+        )
     return p
 
 
@@ -44,6 +47,7 @@ def one_thread():
     second OpenMP thread only adds synchronisation, and on a busy 2-core machine it can make a step many
     times slower. Modules that need it everywhere say `pytestmark = pytest.mark.usefixtures("one_thread")`."""
     import torch
+
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

@@ -1,4 +1,5 @@
 """Attention: manual vs F.scaled_dot_product_attention vs NumPy, the causal mask, multi-head, GQA, KV cache."""
+
 import math
 
 import numpy as np
@@ -32,9 +33,17 @@ def ref_attention(q, k, v, mask=None):
 
 
 @settings(max_examples=40, deadline=None)
-@given(B=st.integers(1, 3), H=st.integers(1, 4), T=st.integers(1, 9), extra=st.integers(0, 4),
-       d_k=st.sampled_from([1, 2, 8, 16]), d_v=st.sampled_from([1, 4, 8]), masked=st.booleans(), dtype=DTYPES,
-       seed=st.integers(0, 2**16))
+@given(
+    B=st.integers(1, 3),
+    H=st.integers(1, 4),
+    T=st.integers(1, 9),
+    extra=st.integers(0, 4),
+    d_k=st.sampled_from([1, 2, 8, 16]),
+    d_v=st.sampled_from([1, 4, 8]),
+    masked=st.booleans(),
+    dtype=DTYPES,
+    seed=st.integers(0, 2**16),
+)
 def test_manual_sdpa_numpy_agree(B, H, T, extra, d_k, d_v, masked, dtype, seed):
     g = torch.Generator().manual_seed(seed)
     T_k = T + extra  # queries are the last T of T_k positions, as with a KV cache
@@ -44,13 +53,15 @@ def test_manual_sdpa_numpy_agree(B, H, T, extra, d_k, d_v, masked, dtype, seed):
     mask = A.causal_mask(T, T_k) if masked else None
     manual = A.scaled_dot_product_attention(q, k, v, mask)
     fused = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    scratch = NA.scaled_dot_product_attention(q.numpy(), k.numpy(), v.numpy(),
-                                              NA.causal_mask(T, T_k) if masked else None)
+    scratch = NA.scaled_dot_product_attention(
+        q.numpy(), k.numpy(), v.numpy(), NA.causal_mask(T, T_k) if masked else None
+    )
     assert manual.dtype == dtype and manual.shape == (B, H, T, d_v)
     torch.testing.assert_close(manual, fused, **TOL[dtype])
     np.testing.assert_allclose(scratch, manual.numpy(), **TOL[dtype])
-    np.testing.assert_allclose(manual.double().numpy(), ref_attention(q, k, v, None if mask is None else mask.numpy()),
-                               **TOL[dtype])
+    np.testing.assert_allclose(
+        manual.double().numpy(), ref_attention(q, k, v, None if mask is None else mask.numpy()), **TOL[dtype]
+    )
 
 
 def test_causal_mask_matches_definition():
@@ -80,9 +91,16 @@ def _np_weights(mha):
 
 
 @settings(max_examples=30, deadline=None)
-@given(B=st.integers(1, 2), T=st.integers(1, 8), head_dim=st.sampled_from([2, 4, 8]),
-       heads=st.sampled_from([(1, 1), (2, 2), (4, 4), (4, 2), (4, 1), (6, 3)]), bias=st.booleans(),
-       rope=st.booleans(), dtype=DTYPES, seed=st.integers(0, 2**16))
+@given(
+    B=st.integers(1, 2),
+    T=st.integers(1, 8),
+    head_dim=st.sampled_from([2, 4, 8]),
+    heads=st.sampled_from([(1, 1), (2, 2), (4, 4), (4, 2), (4, 1), (6, 3)]),
+    bias=st.booleans(),
+    rope=st.booleans(),
+    dtype=DTYPES,
+    seed=st.integers(0, 2**16),
+)
 def test_mha_torch_sdpa_manual_numpy_agree(B, T, head_dim, heads, bias, rope, dtype, seed):
     n_heads, n_kv_heads = heads
     torch.manual_seed(seed)
@@ -95,8 +113,9 @@ def test_mha_torch_sdpa_manual_numpy_agree(B, T, head_dim, heads, bias, rope, dt
         y_sdpa = mha(x, rope=cs)
         mha.use_sdpa = False
         y_manual = mha(x, rope=cs)
-    y_np = NA.multi_head_attention(x.numpy(), *_np_weights(mha), n_heads, n_kv_heads,
-                                   rope=tuple(c.numpy() for c in cs) if rope else None)
+    y_np = NA.multi_head_attention(
+        x.numpy(), *_np_weights(mha), n_heads, n_kv_heads, rope=tuple(c.numpy() for c in cs) if rope else None
+    )
     assert y_sdpa.shape == (B, T, d_model) and y_sdpa.dtype == dtype
     torch.testing.assert_close(y_sdpa, y_manual, **TOL[dtype])
     np.testing.assert_allclose(y_np, y_manual.numpy(), **TOL[dtype])
@@ -155,7 +174,7 @@ def test_no_future_leak(use_sdpa):
             x2[:, j] += 5 * torch.randn(2, 16)
             y2 = mha(x2, rope=(cos, sin))
             torch.testing.assert_close(y2[:, :j], y[:, :j], atol=0, rtol=0)  # bit for bit: masked weights are exactly 0
-            assert (y2[:, j] - y[:, j]).abs().max() > 1e-3                  # and the change does reach position j
+            assert (y2[:, j] - y[:, j]).abs().max() > 1e-3  # and the change does reach position j
 
 
 @pytest.mark.parametrize("use_sdpa", [True, False])

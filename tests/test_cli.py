@@ -1,4 +1,5 @@
 """The `gptbook` command: help, one-line errors, train -> sample end to end, resume, sampling options."""
+
 import os
 import subprocess
 import sys
@@ -11,8 +12,21 @@ from gptbook.cli import build_parser, main
 from gptbook.train import load_checkpoint, read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ["--n-layers", "1", "--n-heads", "2", "--d-model", "32", "--max-seq-len", "32", "--batch-size", "4",
-        "--eval-iters", "2", "--no-progress"]
+TINY = [
+    "--n-layers",
+    "1",
+    "--n-heads",
+    "2",
+    "--d-model",
+    "32",
+    "--max-seq-len",
+    "32",
+    "--batch-size",
+    "4",
+    "--eval-iters",
+    "2",
+    "--no-progress",
+]
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
@@ -21,8 +35,14 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 def run_cli(*argv, timeout=300):
     "Run `python -m gptbook *argv` in a fresh process (the way a user does)."
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "gptbook", *map(str, argv)], capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "gptbook", *map(str, argv)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=ROOT,
+    )
 
 
 def call(capsys, *argv):
@@ -47,14 +67,45 @@ def run_dir(tmp_path_factory, shakespeare_path):
 def test_help_lists_every_flag(capsys):
     status, out, _ = call(capsys, "train", "--help")
     assert status == 0
-    for flag in ["--data", "--tokenizer", "--bpe-vocab-size", "--preset", "--n-layers", "--n-heads", "--d-model",
-                 "--max-seq-len", "--dropout", "--max-iters", "--batch-size", "--grad-accum", "--lr", "--warmup-iters",
-                 "--device", "--dtype", "--compile", "--out", "--resume", "--seed", "--eval-interval", "--eval-iters"]:
+    for flag in [
+        "--data",
+        "--tokenizer",
+        "--bpe-vocab-size",
+        "--preset",
+        "--n-layers",
+        "--n-heads",
+        "--d-model",
+        "--max-seq-len",
+        "--dropout",
+        "--max-iters",
+        "--batch-size",
+        "--grad-accum",
+        "--lr",
+        "--warmup-iters",
+        "--device",
+        "--dtype",
+        "--compile",
+        "--out",
+        "--resume",
+        "--seed",
+        "--eval-interval",
+        "--eval-iters",
+    ]:
         assert flag in out, flag
-    assert "(default: 2000)" in out and "(default: 12)" in out     # the baby run's defaults are shown
+    assert "(default: 2000)" in out and "(default: 12)" in out  # the baby run's defaults are shown
     status, out, _ = call(capsys, "sample", "--help")
-    for flag in ["--out", "--prompt", "--max-new-tokens", "--temperature", "--top-p", "--top-k", "--seed",
-                 "--num-samples", "--stream", "--device"]:
+    for flag in [
+        "--out",
+        "--prompt",
+        "--max-new-tokens",
+        "--temperature",
+        "--top-p",
+        "--top-k",
+        "--seed",
+        "--num-samples",
+        "--stream",
+        "--device",
+    ]:
         assert flag in out, flag
     assert "0.8" in out and "0.9" in out
 
@@ -64,17 +115,20 @@ def test_no_command_prints_help(capsys):
     assert status == 2 and "train" in out and "sample" in out
 
 
-@pytest.mark.parametrize("argv, status, text", [
-    (["train", "--max-iterz", "5"], 2, "unrecognized arguments: --max-iterz"),
-    (["train", "--lr", "fast"], 2, "invalid float value: 'fast'"),
-    (["train", "--tokenizer", "words"], 2, "invalid choice: 'words'"),
-    (["train", "--batch-size", "0"], 1, "batch_size must be at least 1"),
-    (["train", "--data", "/no/such/file.txt"], 1, "No text file at /no/such/file.txt"),
-    (["train", "--preset", "baby", "--n-layerz", "1"], 2, "unrecognized arguments"),
-    (["train", "--dtype", "float16"], 2, "invalid choice: 'float16'"),
-    (["sample", "--out", "/no/such/run"], 1, "/no/such/run does not exist"),
-    (["frobnicate"], 2, "invalid choice: 'frobnicate'"),
-])
+@pytest.mark.parametrize(
+    "argv, status, text",
+    [
+        (["train", "--max-iterz", "5"], 2, "unrecognized arguments: --max-iterz"),
+        (["train", "--lr", "fast"], 2, "invalid float value: 'fast'"),
+        (["train", "--tokenizer", "words"], 2, "invalid choice: 'words'"),
+        (["train", "--batch-size", "0"], 1, "batch_size must be at least 1"),
+        (["train", "--data", "/no/such/file.txt"], 1, "No text file at /no/such/file.txt"),
+        (["train", "--preset", "baby", "--n-layerz", "1"], 2, "unrecognized arguments"),
+        (["train", "--dtype", "float16"], 2, "invalid choice: 'float16'"),
+        (["sample", "--out", "/no/such/run"], 1, "/no/such/run does not exist"),
+        (["frobnicate"], 2, "invalid choice: 'frobnicate'"),
+    ],
+)
 def test_bad_input_is_one_line(capsys, argv, status, text):
     got, out, err = call(capsys, *argv)
     assert got == status
@@ -115,21 +169,27 @@ def test_sample_options(run_dir, capsys):
     s3, c, _ = call(capsys, *base, "--seed", 4)
     assert s1 == s2 == s3 == 0 and a == b and a != c
     # greedy decoding ignores the seed
-    assert call(capsys, *base, "--temperature", 0, "--seed", 1)[1] == call(capsys, *base, "--temperature", 0, "--seed", 2)[1]
+    assert (
+        call(capsys, *base, "--temperature", 0, "--seed", 1)[1]
+        == call(capsys, *base, "--temperature", 0, "--seed", 2)[1]
+    )
     status, text, _ = call(capsys, *base, "--num-samples", 3, "--seed", 1, "--top-k", 5, "--top-p", 1.0)
     assert status == 0 and text.count("---------------") == 2 and text.count("KING") >= 3
     status, streamed, _ = call(capsys, *base, "--seed", 3, "--stream")
-    assert status == 0 and streamed == a        # streaming prints the same text, piece by piece
+    assert status == 0 and streamed == a  # streaming prints the same text, piece by piece
 
 
-@pytest.mark.parametrize("argv, text", [
-    (["--temperature", "-1"], "temperature"),
-    (["--top-p", "1.5"], "top_p"),
-    (["--top-k", "0"], "top_k"),
-    (["--prompt", ""], "prompt"),
-    (["--prompt", "日本"], "not in this CharTokenizer's vocabulary"),
-    (["--num-samples", "0"], "--num-samples"),
-])
+@pytest.mark.parametrize(
+    "argv, text",
+    [
+        (["--temperature", "-1"], "temperature"),
+        (["--top-p", "1.5"], "top_p"),
+        (["--top-k", "0"], "top_k"),
+        (["--prompt", ""], "prompt"),
+        (["--prompt", "日本"], "not in this CharTokenizer's vocabulary"),
+        (["--num-samples", "0"], "--num-samples"),
+    ],
+)
 def test_bad_sampling_options_are_one_line(run_dir, capsys, argv, text):
     out, _ = run_dir
     status, _, err = call(capsys, "sample", "--out", out, "--max-new-tokens", 5, *argv)
@@ -138,10 +198,13 @@ def test_bad_sampling_options_are_one_line(run_dir, capsys, argv, text):
 
 def test_resume_extends_a_run(tmp_path, capsys, shakespeare_path):
     out = tmp_path / "run"
-    status, _, err = call(capsys, "train", "--out", out, "--max-iters", 10, "--eval-interval", 5, "--sample-tokens", 0, *TINY)
+    status, _, err = call(
+        capsys, "train", "--out", out, "--max-iters", 10, "--eval-interval", 5, "--sample-tokens", 0, *TINY
+    )
     assert status == 0, err
-    status, stdout, err = call(capsys, "train", "--out", out, "--resume", "--max-iters", 15, "--no-progress",
-                               "--sample-tokens", 0)
+    status, stdout, err = call(
+        capsys, "train", "--out", out, "--resume", "--max-iters", 15, "--no-progress", "--sample-tokens", 0
+    )
     assert status == 0, err
     assert [r["iter"] for r in read_metrics(out)] == [0, 5, 10, 15] and "step 15" in stdout
     ck = load_checkpoint(out)
@@ -154,7 +217,10 @@ def test_resume_extends_a_run(tmp_path, capsys, shakespeare_path):
 
 def test_parser_maps_flags_to_configs():
     from gptbook.cli import config_from_args
-    args = build_parser().parse_args(["train", "--n-layers", "2", "--no-bias", "--lr", "3e-4", "--out", "x", "--data", "t.txt"])
+
+    args = build_parser().parse_args(
+        ["train", "--n-layers", "2", "--no-bias", "--lr", "3e-4", "--out", "x", "--data", "t.txt"]
+    )
     cfg, resume = config_from_args(args)
     assert not resume and cfg.model_overrides == {"n_layers": 2, "bias": False}
     assert (cfg.lr, cfg.out_dir, cfg.data_path, cfg.max_iters) == (3e-4, "x", "t.txt", 2000)
@@ -163,6 +229,7 @@ def test_parser_maps_flags_to_configs():
 def test_bad_device_leaves_the_earlier_run_alone(capsys, run_dir, tmp_path):
     "A fresh run that cannot start (no CUDA here) must fail before it removes the checkpoints already in --out."
     import shutil
+
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA: 'cuda' is not a bad device here")
     out = tmp_path / "run"
@@ -177,18 +244,34 @@ def test_text_without_newline_still_trains_and_samples(capsys, tmp_path):
     "The closing sample starts from a newline; a vocabulary without one must not turn a good run into exit 1."
     text = tmp_path / "abc.txt"
     text.write_text("abcabcabdabcacbabcabcbbacabcabcabc" * 40)
-    status, out, err = call(capsys, "train", "--data", text, "--out", tmp_path / "run", "--max-iters", 2,
-                            "--eval-interval", 1, "--sample-tokens", 5, *TINY)
+    status, out, err = call(
+        capsys,
+        "train",
+        "--data",
+        text,
+        "--out",
+        tmp_path / "run",
+        "--max-iters",
+        2,
+        "--eval-interval",
+        1,
+        "--sample-tokens",
+        5,
+        *TINY,
+    )
     assert status == 0, err
     assert "a sample from the model" in out
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--max-iters", "0"], "max_iters must be at least 1"),
-    (["--out", "/dev/null/run"], "gptbook train: error:"),
-    (["--weight-decay", "-1"], "weight_decay must be >= 0"),
-    (["--grad-clip", "-1"], "grad_clip must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--max-iters", "0"], "max_iters must be at least 1"),
+        (["--out", "/dev/null/run"], "gptbook train: error:"),
+        (["--weight-decay", "-1"], "weight_decay must be >= 0"),
+        (["--grad-clip", "-1"], "grad_clip must be >= 0"),
+    ],
+)
 def test_more_one_line_errors(capsys, tmp_path, flags, message):
     status, _, err = call(capsys, "train", "--out", tmp_path / "r", *TINY, *flags)
     assert status == 1 and message in err and "Traceback" not in err
@@ -197,6 +280,7 @@ def test_more_one_line_errors(capsys, tmp_path, flags, message):
 @pytest.mark.parametrize("damage", ["model.safetensors", "state.json"])
 def test_damaged_checkpoint_is_one_line_naming_the_file(capsys, run_dir, tmp_path, damage):
     import shutil
+
     out = tmp_path / "run"
     shutil.copytree(run_dir[0], out)
     (ckpt,) = [p for p in out.iterdir() if p.name.startswith("ckpt_")]

@@ -1,4 +1,5 @@
 """gptbook.data: finding, verifying and downloading Tiny Shakespeare, and the split."""
+
 import functools
 import hashlib
 import http.server
@@ -9,8 +10,16 @@ from pathlib import Path
 import pytest
 
 from gptbook import data
-from gptbook.data import (TINY_SHAKESPEARE_SHA256, ChecksumError, cache_dir, download, sha256_file,
-                          tiny_shakespeare, tiny_shakespeare_path, train_val_split)
+from gptbook.data import (
+    TINY_SHAKESPEARE_SHA256,
+    ChecksumError,
+    cache_dir,
+    download,
+    sha256_file,
+    tiny_shakespeare,
+    tiny_shakespeare_path,
+    train_val_split,
+)
 
 SMALL = b"To be, or not to be, that is the question:\n"
 SMALL_SHA = hashlib.sha256(SMALL).hexdigest()
@@ -46,6 +55,7 @@ def no_env(monkeypatch, tmp_path):
 def _dead_url():
     "A URL on 127.0.0.1 where nothing listens (bind a port, then close it)."
     import socket
+
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
@@ -54,6 +64,7 @@ def _dead_url():
 
 
 # --- the real file -------------------------------------------------------------------------------
+
 
 def test_real_text_via_env(shakespeare_path):
     text = tiny_shakespeare()
@@ -79,6 +90,7 @@ def test_split_of_real_text(shakespeare):
 
 
 # --- resolution order and errors -----------------------------------------------------------------
+
 
 def test_env_pointing_nowhere_is_an_error(monkeypatch, tmp_path):
     monkeypatch.setenv("GPTBOOK_DATA", str(tmp_path / "nope.txt"))
@@ -165,6 +177,7 @@ def test_sha256_file_known_vector(tmp_path):
 
 # --- split ---------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("n,n_train", [(2, 1), (3, 2), (10, 9), (11, 9), (1000, 900), (1001, 900)])
 def test_split_sizes_and_order(n, n_train):
     seq = list(range(n))
@@ -186,4 +199,5 @@ def test_split_rejects_tiny_input():
 
 def test_char_tokenizer_is_reexported():
     from gptbook.tokenizer import CharTokenizer
+
     assert data.CharTokenizer is CharTokenizer

@@ -1,4 +1,5 @@
 """Embeddings: the NumPy table against nn.Embedding, the init scale, the range checks, weight tying."""
+
 import math
 
 import numpy as np
@@ -11,8 +12,14 @@ from gptbook.scratch.embedding import embed, init_embedding
 
 
 @settings(max_examples=30, deadline=None)
-@given(vocab_size=st.integers(1, 50), d_model=st.integers(1, 16), B=st.integers(1, 3), T=st.integers(0, 7),
-       dtype=st.sampled_from([torch.float32, torch.float64]), seed=st.integers(0, 2**16))
+@given(
+    vocab_size=st.integers(1, 50),
+    d_model=st.integers(1, 16),
+    B=st.integers(1, 3),
+    T=st.integers(0, 7),
+    dtype=st.sampled_from([torch.float32, torch.float64]),
+    seed=st.integers(0, 2**16),
+)
 def test_same_rows_as_nn_embedding(vocab_size, d_model, B, T, dtype, seed):
     torch.manual_seed(seed)
     wte = nn.Embedding(vocab_size, d_model, dtype=dtype)

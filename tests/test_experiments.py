@@ -1,6 +1,7 @@
 """Chapter 13: the committed experiment results are well-formed and consistent, the chapter shows exactly
 them, and the pieces of bench/experiments.py (the unscaled-attention hook, bits per character, one run)
 compute what they claim."""
+
 import importlib.util
 import json
 import math
@@ -44,13 +45,16 @@ def _notebook_outputs() -> str:
     parts = []
     for cell in nb["cells"]:
         for out in cell.get("outputs", []):
-            if "text" in out: parts.append("".join(out["text"]))
+            if "text" in out:
+                parts.append("".join(out["text"]))
             for kind in ("text/markdown", "text/plain"):
-                if kind in out.get("data", {}): parts.append("".join(out["data"][kind]))
+                if kind in out.get("data", {}):
+                    parts.append("".join(out["data"][kind]))
     return "\n".join(parts)
 
 
 # --- the results files ------------------------------------------------------------------------------
+
 
 def check_experiments(res: dict, seeds=None, steps=None):
     "Structure and internal consistency of an experiments.json."
@@ -97,8 +101,9 @@ def test_summary_recomputed_from_runs(results):
                 assert row["diff_mean"] == pytest.approx(d.mean(), abs=1e-4)
                 assert row["diff_std"] == pytest.approx(d.std(ddof=1), abs=1e-4)
                 measured = (np.all(d > 0) or np.all(d < 0)) and abs(d.mean()) > 2 * d.std(ddof=1) / math.sqrt(len(d))
-                assert row["verdict"] == (("worse" if d.mean() > 0 else "better") if measured
-                                          else "no measurable difference")
+                assert row["verdict"] == (
+                    ("worse" if d.mean() > 0 else "better") if measured else "no measurable difference"
+                )
 
 
 def test_reference_run_shared_by_every_ablation(results):
@@ -112,8 +117,9 @@ def test_expected_results_json(expected):
     assert set(cards) == {"baby-char", "baby-bpe512"}
     for c in cards.values():
         assert c["steps"] == 2000 and c["context_len"] == 64 and c["batch_size"] == 12
-        assert c["bits_per_char"] == pytest.approx(c["val_loss"] * c["val_tokens"] / (c["val_chars"] * math.log(2)),
-                                                   abs=2e-4)
+        assert c["bits_per_char"] == pytest.approx(
+            c["val_loss"] * c["val_tokens"] / (c["val_chars"] * math.log(2)), abs=2e-4
+        )
         assert c["bits_per_token"] == pytest.approx(c["val_loss"] / math.log(2), abs=2e-4)
         assert c["tokens_per_sec"] == pytest.approx(c["tokens_per_step"] * 1000 / c["ms_per_step"], rel=1e-3)
         assert c["chars_per_sec"] == pytest.approx(c["tokens_per_sec"] * c["chars_per_token"], rel=1e-3)
@@ -130,6 +136,7 @@ def test_expected_results_json(expected):
 
 # --- the chapter shows exactly the committed results ---------------------------------------------------
 
+
 def test_chapter_tables_match_results(results, expected):
     shown = _notebook_outputs()
     for a in results["ablations"]:
@@ -141,6 +148,7 @@ def test_chapter_tables_match_results(results, expected):
 def test_numbers_quoted_in_the_prose_are_in_the_tables(results):
     "Every 'mean ± spread' the chapter's text quotes is one of the measured differences (sign aside)."
     import re
+
     nb = json.loads(NOTEBOOK.read_text())
     prose = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
     quoted = re.findall(r"(\d\.\d{3}) ± (\d\.\d{3})", prose)
@@ -152,13 +160,15 @@ def test_numbers_quoted_in_the_prose_are_in_the_tables(results):
 
 # --- the pieces of the script ---------------------------------------------------------------------------
 
+
 def _unscaled_attention_by_hand(attn, x, rope=None):
     "softmax(q k^T) v (no 1/sqrt(d_k)), causal, from the layer's weights: einsum, no hooks, no SDPA."
     B, T, C = x.shape
     nh, hd = attn.n_heads, attn.head_dim
     qkv = torch.nn.functional.linear(x, attn.c_attn.weight, attn.c_attn.bias)
     q, k, v = (t.reshape(B, T, nh, hd).permute(0, 2, 1, 3) for t in qkv.split(C, dim=-1))
-    if rope is not None: q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+    if rope is not None:
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
     scores = torch.einsum("bhqd,bhkd->bhqk", q, k)
     scores = scores.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float("-inf"))
     y = torch.einsum("bhqk,bhkd->bhqd", scores.softmax(-1), v)
@@ -169,7 +179,8 @@ def _unscaled_attention_by_hand(attn, x, rope=None):
 def test_unscale_attention_hook(positions):
     torch.manual_seed(0)
     gpt = GPT(GPTConfig.baby(65, d_model=64, positions=positions)).double()
-    for p in gpt.parameters(): p.data.normal_(0, 0.3)  # large weights: the scale changes the output a lot
+    for p in gpt.parameters():
+        p.data.normal_(0, 0.3)  # large weights: the scale changes the output a lot
     x = torch.randn(2, 9, 64, dtype=torch.float64)
     attn = gpt.blocks[1].attn
     rope = None if positions == "learned" else (gpt.rope_cos[:9], gpt.rope_sin[:9])
@@ -179,7 +190,8 @@ def test_unscale_attention_hook(positions):
         after = attn(x, rope=rope)
         torch.testing.assert_close(after, _unscaled_attention_by_hand(attn, x, rope), rtol=1e-9, atol=1e-9)
         assert (after - before).abs().max() > 1e-3, "the hook must change the layer"
-        for h in handles: h.remove()
+        for h in handles:
+            h.remove()
         torch.testing.assert_close(attn(x, rope=rope), before, rtol=0, atol=0)
     assert len(handles) == gpt.config.n_layers
 
@@ -213,8 +225,10 @@ def test_full_val_loss_is_the_mean_over_every_window():
     got = E.full_val_loss(gpt, val, 8, batch_size=2)  # batches of 2 windows, one left over
     ids = torch.as_tensor(val.astype(np.int64))
     with torch.no_grad():
-        losses = [torch.nn.functional.cross_entropy(gpt(ids[i:i + 8][None])[0], ids[i + 1:i + 9], reduction="sum")
-                  for i in range(0, 40, 8)]
+        losses = [
+            torch.nn.functional.cross_entropy(gpt(ids[i : i + 8][None])[0], ids[i + 1 : i + 9], reduction="sum")
+            for i in range(0, 40, 8)
+        ]
     assert got == pytest.approx(sum(l.item() for l in losses) / 40, rel=1e-6)
 
 
@@ -229,6 +243,7 @@ def test_compare_verdicts():
 
 def test_run_one_smoke(shakespeare_path, one_thread):
     from gptbook.data import TokenData, load_token_data
+
     full = load_token_data("char")
     data = TokenData(full.train[:50_000], full.val[:2_000], full.tokenizer)  # a slice: the pipeline, not the loss
     r = E.run_one("unscaled", 0, data, train={"max_iters": 4, "warmup_iters": 1, "eval_interval": 2, "eval_iters": 1})

@@ -1,4 +1,5 @@
 """gptbook.layers against PyTorch's own functions and against the NumPy mirror gptbook.scratch.layers."""
+
 import itertools
 import math
 
@@ -46,14 +47,17 @@ def test_silu_does_not_overflow():
 
 
 @settings(max_examples=30, deadline=None)
-@given(st.integers(1, 4), st.integers(2, 33), st.sampled_from([1e-5, 1e-6, 1e-2]), st.booleans(), st.integers(0, 2**31 - 1))
+@given(
+    st.integers(1, 4), st.integers(2, 33), st.sampled_from([1e-5, 1e-6, 1e-2]), st.booleans(), st.integers(0, 2**31 - 1)
+)
 def test_layer_norm_matches_nn_layernorm(n_tokens, d, eps, bias, seed):
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(n_tokens, d)) * rng.uniform(0.01, 100) + rng.normal()
     ln = torch.nn.LayerNorm(d, eps=eps, bias=bias).double()
     with torch.no_grad():
         ln.weight.normal_()
-        if bias: ln.bias.normal_()
+        if bias:
+            ln.bias.normal_()
     ref = ln(torch.from_numpy(x)).detach().numpy()
     ours = npl.layer_norm(x, ln.weight.detach().numpy(), ln.bias.detach().numpy() if bias else None, eps)
     np.testing.assert_allclose(ours, ref, rtol=1e-9, atol=1e-9)
@@ -72,7 +76,8 @@ def test_rms_norm_matches_torch(n_tokens, d, eps, seed):
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(n_tokens, d)) * rng.uniform(0.01, 100)
     norm = RMSNorm(d, eps=eps).double()
-    with torch.no_grad(): norm.weight.normal_()
+    with torch.no_grad():
+        norm.weight.normal_()
     t = torch.from_numpy(x)
     ref = norm(t).detach().numpy()
     np.testing.assert_allclose(npl.rms_norm(x, norm.weight.detach().numpy(), eps), ref, rtol=1e-9, atol=1e-12)
@@ -86,7 +91,8 @@ def test_rms_norm_matches_torch(n_tokens, d, eps, seed):
 def test_rms_norm_fallback_path_matches(monkeypatch):
     "The code path for torch < 2.4 (no F.rms_norm) computes the same thing."
     norm = RMSNorm(16)
-    with torch.no_grad(): norm.weight.normal_()
+    with torch.no_grad():
+        norm.weight.normal_()
     x = torch.randn(3, 5, 16)
     fused = norm(x)
     monkeypatch.delattr(F, "rms_norm", raising=False)
@@ -100,7 +106,9 @@ def test_feed_forward_matches_numpy(activation, bias):
     ffn = FeedForward(12, 20, activation=activation, bias=bias).double()
     x = torch.randn(2, 5, 12, dtype=torch.float64)
     p = to_numpy(ffn)
-    ours = npl.feed_forward(x.numpy(), p["c_fc.weight"], p.get("c_fc.bias"), p["c_proj.weight"], p.get("c_proj.bias"), activation)
+    ours = npl.feed_forward(
+        x.numpy(), p["c_fc.weight"], p.get("c_fc.bias"), p["c_proj.weight"], p.get("c_proj.bias"), activation
+    )
     np.testing.assert_allclose(ours, ffn(x).detach().numpy(), rtol=0, atol=1e-12)
     assert ffn.c_fc.weight.shape == (20, 12) and FeedForward(12).c_fc.weight.shape == (48, 12)
 
@@ -108,7 +116,8 @@ def test_feed_forward_matches_numpy(activation, bias):
 def test_feed_forward_acts_per_position():
     ffn = FeedForward(8)
     x = torch.randn(1, 6, 8)
-    x2 = x.clone(); x2[0, 3] = torch.randn(8)
+    x2 = x.clone()
+    x2[0, 3] = torch.randn(8)
     diff = (ffn(x) - ffn(x2)).abs().sum(-1)[0]
     assert diff[3] > 0 and torch.all(diff[[0, 1, 2, 4, 5]] == 0)
 
@@ -119,8 +128,15 @@ def test_swiglu_matches_numpy_and_formula(bias):
     sw = SwiGLU(12, 20, bias=bias).double()
     x = torch.randn(2, 5, 12, dtype=torch.float64)
     p = to_numpy(sw)
-    ours = npl.swiglu(x.numpy(), p["gate_proj.weight"], p["up_proj.weight"], p["down_proj.weight"],
-                      p.get("gate_proj.bias"), p.get("up_proj.bias"), p.get("down_proj.bias"))
+    ours = npl.swiglu(
+        x.numpy(),
+        p["gate_proj.weight"],
+        p["up_proj.weight"],
+        p["down_proj.weight"],
+        p.get("gate_proj.bias"),
+        p.get("up_proj.bias"),
+        p.get("down_proj.bias"),
+    )
     np.testing.assert_allclose(ours, sw(x).detach().numpy(), rtol=0, atol=1e-12)
     g, u = sw.gate_proj(x), sw.up_proj(x)
     torch.testing.assert_close(sw(x), sw.down_proj(g * torch.sigmoid(g) * u))
@@ -143,21 +159,37 @@ def test_make_norm_and_make_ffn():
     assert isinstance(make_norm("rmsnorm", 8), RMSNorm) and make_norm("rmsnorm", 8, eps=1e-6).eps == 1e-6
     assert isinstance(make_ffn("swiglu", 8), SwiGLU)
     assert make_ffn("gelu", 8).activation == "gelu"
-    with pytest.raises(ValueError, match="norm='batchnorm'"): make_norm("batchnorm", 8)
-    with pytest.raises(ValueError, match="ffn='relu'"): make_ffn("relu", 8)
-    with pytest.raises(ValueError, match="activation='relu'"): FeedForward(8, activation="relu")
-    with pytest.raises(ValueError, match="norm_position='middle'"): Block(8, 2, norm_position="middle")
+    with pytest.raises(ValueError, match="norm='batchnorm'"):
+        make_norm("batchnorm", 8)
+    with pytest.raises(ValueError, match="ffn='relu'"):
+        make_ffn("relu", 8)
+    with pytest.raises(ValueError, match="activation='relu'"):
+        FeedForward(8, activation="relu")
+    with pytest.raises(ValueError, match="norm_position='middle'"):
+        Block(8, 2, norm_position="middle")
 
 
-@pytest.mark.parametrize("norm,norm_position,ffn,use_rope",
-                         list(itertools.product(layers.NORMS, layers.NORM_POSITIONS, layers.FFNS, [False, True])))
+@pytest.mark.parametrize(
+    "norm,norm_position,ffn,use_rope",
+    list(itertools.product(layers.NORMS, layers.NORM_POSITIONS, layers.FFNS, [False, True])),
+)
 def test_block_matches_numpy(norm, norm_position, ffn, use_rope):
     torch.manual_seed(1)
     d_model, n_heads, n_kv_heads, T = 16, 4, 2, 7
-    blk = Block(d_model, n_heads, n_kv_heads, d_ff=24, norm=norm, norm_position=norm_position, ffn=ffn,
-                bias=(norm == "layernorm"), norm_eps=1e-6).double()
+    blk = Block(
+        d_model,
+        n_heads,
+        n_kv_heads,
+        d_ff=24,
+        norm=norm,
+        norm_position=norm_position,
+        ffn=ffn,
+        bias=(norm == "layernorm"),
+        norm_eps=1e-6,
+    ).double()
     with torch.no_grad():
-        for p in blk.parameters(): p.normal_(0, 0.4)  # norm gains and biases matter too
+        for p in blk.parameters():
+            p.normal_(0, 0.4)  # norm gains and biases matter too
     x = torch.randn(2, T, d_model, dtype=torch.float64)
     rope = tuple(t.double() for t in rope_angles(T, d_model // n_heads)) if use_rope else None
     ref = blk(x, rope=rope).detach().numpy()
@@ -182,13 +214,15 @@ def test_block_is_causal():
     torch.manual_seed(0)
     blk = Block(16, 4, ffn="swiglu", norm="rmsnorm")
     x = torch.randn(1, 8, 16)
-    x2 = x.clone(); x2[0, 5:] = torch.randn(3, 16)
+    x2 = x.clone()
+    x2[0, 5:] = torch.randn(3, 16)
     torch.testing.assert_close(blk(x)[0, :5], blk(x2)[0, :5])
     assert not torch.allclose(blk(x)[0, 5:], blk(x2)[0, 5:])
 
 
 def test_block_kv_cache_matches_full():
     from gptbook.attention import KVCache
+
     torch.manual_seed(0)
     blk = Block(16, 4, n_kv_heads=2).eval()
     x = torch.randn(2, 9, 16)
@@ -196,12 +230,15 @@ def test_block_kv_cache_matches_full():
     full = blk(x, rope=(cos, sin))
     cache = KVCache(2, 2, 9, 4)
     parts = [blk(x[:, :4], rope=(cos[:4], sin[:4]), cache=cache)]
-    parts += [blk(x[:, i:i + 1], rope=(cos[i:i + 1], sin[i:i + 1]), cache=cache) for i in range(4, 9)]
+    parts += [blk(x[:, i : i + 1], rope=(cos[i : i + 1], sin[i : i + 1]), cache=cache) for i in range(4, 9)]
     torch.testing.assert_close(torch.cat(parts, 1), full, rtol=1e-5, atol=1e-5)
 
 
 def test_scratch_layers_imports_numpy_only():
     import subprocess, sys
-    code = ("import sys; import gptbook.scratch.layers, gptbook.scratch.model; "
-            "bad = [m for m in ('torch', 'nbdev', 'fastcore') if m in sys.modules]; assert not bad, bad")
+
+    code = (
+        "import sys; import gptbook.scratch.layers, gptbook.scratch.model; "
+        "bad = [m for m in ('torch', 'nbdev', 'fastcore') if m in sys.modules]; assert not bad, bad"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)

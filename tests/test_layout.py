@@ -1,4 +1,5 @@
 """The project's shape: site config, notebooks, README commands, CI workflows, dependency policy."""
+
 import configparser
 import json
 import os
@@ -38,6 +39,7 @@ def _sidebar_entries(contents):
 
 # --- site config ---------------------------------------------------------------------------------
 
+
 def test_nbs_quarto_yml_is_a_symlink_to_the_root_file():
     link = NBS / "_quarto.yml"
     assert link.is_symlink(), "nbs/_quarto.yml must be a symlink (nbdev 2 reads the site config from nbs/)"
@@ -72,16 +74,19 @@ def test_site_features():
 
 # --- notebooks -----------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("nb_path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_front_matter_and_hygiene(nb_path):
     nb = json.loads(nb_path.read_text())
-    assert nb["metadata"] == {"kernelspec": {"display_name": "python3", "language": "python", "name": "python3"}}, \
+    assert nb["metadata"] == {"kernelspec": {"display_name": "python3", "language": "python", "name": "python3"}}, (
         "notebook metadata should be just the kernelspec (convert with jupytext --update-metadata, then nbdev_clean)"
+    )
     first = nb["cells"][0]
     assert first["cell_type"] == "markdown"
     lines = [l for l in "".join(first["source"]).splitlines() if l.strip()]
-    assert len(lines) == 2 and lines[0].startswith("# ") and lines[1].startswith("> "), \
+    assert len(lines) == 2 and lines[0].startswith("# ") and lines[1].startswith("> "), (
         "the first cell holds only '# Title' and '> summary' (nbdev turns it into front matter)"
+    )
     for cell in nb["cells"]:
         if cell["cell_type"] == "code":
             assert cell.get("execution_count") is None, "run nbdev_clean"
@@ -95,8 +100,9 @@ def test_chapter_shape(nb_path):
     md = "\n".join(s for s, c in zip(src, nb["cells"]) if c["cell_type"] == "markdown")
     assert "## Summary" in md and "## Exercises" in md, "each chapter ends with a Summary and Exercises"
     if any("#| default_exp" in s for s in src):
-        assert "nbdev_export()" in src[-1] and src[-1].lstrip().startswith("#| hide"), \
+        assert "nbdev_export()" in src[-1] and src[-1].lstrip().startswith("#| hide"), (
             "a chapter that exports ends with a hidden `import nbdev; nbdev.nbdev_export()` cell"
+        )
 
 
 @pytest.mark.parametrize("nb_path", NOTEBOOKS, ids=lambda p: p.name)
@@ -104,13 +110,19 @@ def test_code_cells_have_outputs_saved(nb_path):
     "The site shows saved outputs: a notebook that prints or plots anything must have been executed."
     nb = json.loads(nb_path.read_text())
     code = [c for c in nb["cells"] if c["cell_type"] == "code"]
-    showing = [c for c in code if re.search(r"\bprint\(|plt\.|\.plot\(|display\(", "".join(c["source"]))
-               and "#| notest" not in "".join(c["source"]) and "#| cuda" not in "".join(c["source"])]
+    showing = [
+        c
+        for c in code
+        if re.search(r"\bprint\(|plt\.|\.plot\(|display\(", "".join(c["source"]))
+        and "#| notest" not in "".join(c["source"])
+        and "#| cuda" not in "".join(c["source"])
+    ]
     if showing:
         assert any(c.get("outputs") for c in showing), f"{nb_path.name} has no saved outputs: execute it"
 
 
 # --- README and home page ------------------------------------------------------------------------
+
 
 def _commands(text):
     "Shell commands in ```sh fences."
@@ -143,6 +155,7 @@ def test_ci_runs_the_readme_commands():
 
 # --- packaging and dependency policy -------------------------------------------------------------
 
+
 def test_settings_pin_nbdev_2():
     s = _settings()
     dev = s["dev_requirements"].split()
@@ -156,21 +169,37 @@ def test_settings_pin_nbdev_2():
 
 def _modules():
     pkg = ROOT / "gptbook"
-    return sorted("gptbook." + ".".join(p.relative_to(pkg).with_suffix("").parts)
-                  for p in pkg.rglob("*.py") if p.name not in ("__init__.py", "_modidx.py", "__main__.py"))
+    return sorted(
+        "gptbook." + ".".join(p.relative_to(pkg).with_suffix("").parts)
+        for p in pkg.rglob("*.py")
+        if p.name not in ("__init__.py", "_modidx.py", "__main__.py")
+    )
 
 
 def _import_with_blocked(modules, blocked):
-    code = ("import sys\n"
-            f"for name in {blocked!r}: sys.modules[name] = None  # any import of these now fails\n"
-            f"import importlib\nfor m in {modules!r}: importlib.import_module(m)\n")
+    code = (
+        "import sys\n"
+        f"for name in {blocked!r}: sys.modules[name] = None  # any import of these now fails\n"
+        f"import importlib\nfor m in {modules!r}: importlib.import_module(m)\n"
+    )
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
 
 
 def test_package_imports_without_dev_tools():
     "Only the runtime requirements may be imported at import time (optional ones lazily, inside functions)."
-    blocked = ["nbdev", "fastcore", "execnb", "matplotlib", "tiktoken", "tokenizers", "transformers",
-               "IPython", "pytest", "hypothesis", "yaml"]
+    blocked = [
+        "nbdev",
+        "fastcore",
+        "execnb",
+        "matplotlib",
+        "tiktoken",
+        "tokenizers",
+        "transformers",
+        "IPython",
+        "pytest",
+        "hypothesis",
+        "yaml",
+    ]
     r = _import_with_blocked(["gptbook"] + _modules(), blocked)
     assert r.returncode == 0, r.stderr[-2000:]
 
@@ -184,6 +213,7 @@ def test_scratch_mirror_never_imports_torch():
 
 
 # --- GitHub workflows ----------------------------------------------------------------------------
+
 
 def _workflow(name):
     wf = yaml.safe_load((ROOT / ".github" / "workflows" / name).read_text())
@@ -209,8 +239,14 @@ def test_test_workflow():
     assert any(u.startswith("actions/setup-python@") for u in uses)
     assert not any("fastai/workflows" in u for u in uses), "the stock fastai actions upgrade nbdev to 3.x"
     run = _run_lines(job)
-    for needed in ('pip install -e ".[dev]"', "nbdev_clean", "nbdev_export", "git status --porcelain",
-                   "nbdev_test", "pytest"):
+    for needed in (
+        'pip install -e ".[dev]"',
+        "nbdev_clean",
+        "nbdev_export",
+        "git status --porcelain",
+        "nbdev_test",
+        "pytest",
+    ):
         assert needed in run, needed
 
 
@@ -228,8 +264,9 @@ def test_release_workflow():
     wf = _workflow("release.yaml")
     assert "tags" in wf["on"]["push"]
     job = wf["jobs"]["release"]
-    assert job["needs"] == "test" and wf["jobs"]["test"]["uses"] == "./.github/workflows/test.yaml", \
+    assert job["needs"] == "test" and wf["jobs"]["test"]["uses"] == "./.github/workflows/test.yaml", (
         "publish only after the test workflow passes"
+    )
     assert "workflow_call" in _workflow("test.yaml")["on"]
     assert job["permissions"]["id-token"] == "write", "PyPI trusted publishing needs an OIDC token"
     assert any(u.startswith("pypa/gh-action-pypi-publish@") for u in _uses(job))

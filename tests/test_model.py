@@ -1,4 +1,5 @@
 """gptbook.model: the config, the GPT module (causality, init, cache, dtypes, compile) and the NumPy mirror."""
+
 import dataclasses
 import itertools
 import json
@@ -19,7 +20,8 @@ TINY = dict(vocab_size=37, max_seq_len=16, n_layers=2, n_heads=4, d_model=16, d_
 def randomize(model, std=0.4):
     "Random values everywhere, norm gains and biases included, so that no mix-up can hide behind ones and zeros."
     with torch.no_grad():
-        for p in model.parameters(): p.normal_(0, std)
+        for p in model.parameters():
+            p.normal_(0, std)
     return model
 
 
@@ -28,6 +30,7 @@ def numpy_params(model, dtype=np.float64):
 
 
 # ----------------------------------------------------------------------------------------------- config
+
 
 def test_gpt2_small_parameter_count():
     with torch.device("meta"):
@@ -44,7 +47,8 @@ def test_gpt2_small_parameter_count():
 
 def test_llama_style_parameter_count():
     cfg = GPTConfig.llama_style(vocab_size=1000, n_layers=3, n_heads=4, n_kv_heads=2, d_model=64, d_ff=160)
-    with torch.device("meta"): m = GPT(cfg)
+    with torch.device("meta"):
+        m = GPT(cfg)
     V, d, L, f, kv = 1000, 64, 3, 160, 2 * 16
     per_block = 2 * d + d * (d + 2 * kv) + d * d + 3 * d * f  # two RMSNorms, q|k|v, o, gate/up/down; no biases
     assert m.num_params() == 2 * V * d + L * per_block + d  # untied embedding and head, final RMSNorm
@@ -52,24 +56,39 @@ def test_llama_style_parameter_count():
 
 
 def test_flops_per_token():
-    with torch.device("meta"): m = GPT(GPTConfig.gpt2_small())
+    with torch.device("meta"):
+        m = GPT(GPTConfig.gpt2_small())
     N = 124_439_808 - 1024 * 768
     assert m.flops_per_token() == 6 * N + 12 * 12 * 768 * 1024
     assert m.flops_per_token(256, training=False) == 2 * N + 4 * 12 * 768 * 256
     assert m.mfu(1000.0, m.flops_per_token()) == pytest.approx(1000.0)
-    with torch.device("meta"): untied = GPT(GPTConfig.llama_style(vocab_size=100, n_layers=2, n_heads=2, d_model=32, d_ff=64))
+    with torch.device("meta"):
+        untied = GPT(GPTConfig.llama_style(vocab_size=100, n_layers=2, n_heads=2, d_model=32, d_ff=64))
     assert untied.flops_per_token(8) == 6 * (untied.num_params() - 100 * 32) + 12 * 2 * 32 * 8
 
 
 def test_presets():
     baby = GPTConfig.baby(65)
     assert (baby.vocab_size, baby.n_layers, baby.n_heads, baby.d_model, baby.max_seq_len) == (65, 4, 4, 128, 64)
-    assert (baby.dropout, baby.norm, baby.norm_position, baby.positions, baby.ffn, baby.bias, baby.tie_weights) == \
-        (0.0, "layernorm", "pre", "learned", "gelu_tanh", True, True)
+    assert (baby.dropout, baby.norm, baby.norm_position, baby.positions, baby.ffn, baby.bias, baby.tie_weights) == (
+        0.0,
+        "layernorm",
+        "pre",
+        "learned",
+        "gelu_tanh",
+        True,
+        True,
+    )
     assert GPTConfig.baby(65, dropout=0.2).dropout == 0.2
     llama = GPTConfig.llama_style(n_kv_heads=4)
-    assert (llama.norm, llama.positions, llama.ffn, llama.bias, llama.tie_weights, llama.kv_heads) == \
-        ("rmsnorm", "rope", "swiglu", False, False, 4)
+    assert (llama.norm, llama.positions, llama.ffn, llama.bias, llama.tie_weights, llama.kv_heads) == (
+        "rmsnorm",
+        "rope",
+        "swiglu",
+        False,
+        False,
+        4,
+    )
     assert llama.hidden_dim == 2048 and GPTConfig().hidden_dim == 3072 and GPTConfig(d_ff=10).hidden_dim == 10
     assert GPTConfig.gpt2_small() == GPTConfig()
 
@@ -82,31 +101,51 @@ def test_config_json_round_trip():
         GPTConfig.from_dict({**cfg.to_dict(), "n_layer": 2, "n_embd": 3})
 
 
-@pytest.mark.parametrize("field,value,message", [
-    ("vocab_size", 0, "vocab_size=0"), ("max_seq_len", -1, "max_seq_len=-1"), ("n_layers", 1.5, "n_layers=1.5"),
-    ("n_heads", 0, "n_heads=0"), ("d_model", 100, "divisible"), ("n_kv_heads", 5, "n_kv_heads=5"),
-    ("n_kv_heads", 0, "n_kv_heads=0"), ("d_ff", 0, "d_ff=0"), ("norm", "batchnorm", "norm='batchnorm'"),
-    ("norm_position", "middle", "norm_position='middle'"), ("positions", "alibi", "positions='alibi'"),
-    ("ffn", "relu", "ffn='relu'"), ("bias", 1, "bias=1"), ("tie_weights", "yes", "tie_weights='yes'"),
-    ("dropout", 1.0, "dropout=1.0"), ("dropout", -0.1, "dropout=-0.1"), ("rope_base", 0.5, "rope_base=0.5"),
-    ("norm_eps", 0.0, "norm_eps=0.0"), ("use_sdpa", None, "use_sdpa=None"), ("vocab_size", True, "vocab_size=True"),
-])
+@pytest.mark.parametrize(
+    "field,value,message",
+    [
+        ("vocab_size", 0, "vocab_size=0"),
+        ("max_seq_len", -1, "max_seq_len=-1"),
+        ("n_layers", 1.5, "n_layers=1.5"),
+        ("n_heads", 0, "n_heads=0"),
+        ("d_model", 100, "divisible"),
+        ("n_kv_heads", 5, "n_kv_heads=5"),
+        ("n_kv_heads", 0, "n_kv_heads=0"),
+        ("d_ff", 0, "d_ff=0"),
+        ("norm", "batchnorm", "norm='batchnorm'"),
+        ("norm_position", "middle", "norm_position='middle'"),
+        ("positions", "alibi", "positions='alibi'"),
+        ("ffn", "relu", "ffn='relu'"),
+        ("bias", 1, "bias=1"),
+        ("tie_weights", "yes", "tie_weights='yes'"),
+        ("dropout", 1.0, "dropout=1.0"),
+        ("dropout", -0.1, "dropout=-0.1"),
+        ("rope_base", 0.5, "rope_base=0.5"),
+        ("norm_eps", 0.0, "norm_eps=0.0"),
+        ("use_sdpa", None, "use_sdpa=None"),
+        ("vocab_size", True, "vocab_size=True"),
+    ],
+)
 def test_bad_config_names_the_field(field, value, message):
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace(".", r"\.")):
         GPTConfig(**{field: value})
 
 
 def test_config_rope_and_sinusoidal_need_even_sizes():
-    with pytest.raises(ValueError, match="head_dim=3"): GPTConfig(d_model=12, n_heads=4, positions="rope")
-    with pytest.raises(ValueError, match="d_model=15"): GPTConfig(d_model=15, n_heads=5, positions="sinusoidal")
+    with pytest.raises(ValueError, match="head_dim=3"):
+        GPTConfig(d_model=12, n_heads=4, positions="rope")
+    with pytest.raises(ValueError, match="d_model=15"):
+        GPTConfig(d_model=15, n_heads=5, positions="sinusoidal")
     GPTConfig(d_model=12, n_heads=4, positions="learned")  # odd head_dim is fine without RoPE
 
 
 def test_gpt_needs_a_config():
-    with pytest.raises(TypeError, match="GPTConfig"): GPT({"vocab_size": 10})
+    with pytest.raises(TypeError, match="GPTConfig"):
+        GPT({"vocab_size": 10})
 
 
 # -------------------------------------------------------------------------------------------- the model
+
 
 def test_state_dict_layout():
     m = GPT(GPTConfig(**TINY))
@@ -117,7 +156,10 @@ def test_state_dict_layout():
         keys = GPT(GPTConfig(**TINY, positions=positions)).state_dict().keys()
         assert not any(k.startswith(("wpe", "pe", "rope")) for k in keys)
     post = GPT(GPTConfig(**TINY, norm_position="post", tie_weights=False)).state_dict()
-    assert not any(k.startswith("ln_f") for k in post) and post["lm_head.weight"].data_ptr() != post["wte.weight"].data_ptr()
+    assert (
+        not any(k.startswith("ln_f") for k in post)
+        and post["lm_head.weight"].data_ptr() != post["wte.weight"].data_ptr()
+    )
 
 
 def test_init_follows_gpt2():
@@ -135,8 +177,14 @@ def test_init_follows_gpt2():
     assert std(sw.blocks[0].mlp.down_proj.weight) == pytest.approx(0.02 / 4, rel=0.05)
 
 
-@pytest.mark.parametrize("kw", [{}, dict(norm="rmsnorm", positions="rope", ffn="swiglu", bias=False, n_kv_heads=2),
-                                dict(norm_position="post", positions="sinusoidal", tie_weights=False)])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        dict(norm="rmsnorm", positions="rope", ffn="swiglu", bias=False, n_kv_heads=2),
+        dict(norm_position="post", positions="sinusoidal", tie_weights=False),
+    ],
+)
 def test_loss_at_init_is_near_log_vocab(kw):
     torch.manual_seed(0)
     m = GPT(GPTConfig(vocab_size=200, max_seq_len=32, n_layers=3, n_heads=4, d_model=64, **kw))
@@ -153,14 +201,21 @@ def test_model_is_causal(positions, norm_position):
     m = randomize(GPT(GPTConfig(**TINY, positions=positions, norm_position=norm_position)), 0.2)
     idx = torch.randint(0, 37, (2, 16))
     for t in (0, 7, 15):
-        idx2 = idx.clone(); idx2[:, t] = (idx2[:, t] + 1) % 37
+        idx2 = idx.clone()
+        idx2[:, t] = (idx2[:, t] + 1) % 37
         a, b = m(idx), m(idx2)
         assert torch.equal(a[:, :t], b[:, :t])
         assert not torch.allclose(a[:, t], b[:, t])
 
 
-@pytest.mark.parametrize("kw", [{}, dict(norm="rmsnorm", positions="rope", ffn="swiglu", bias=False, n_kv_heads=2, tie_weights=False),
-                                dict(norm_position="post", ffn="gelu", positions="sinusoidal")])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        dict(norm="rmsnorm", positions="rope", ffn="swiglu", bias=False, n_kv_heads=2, tie_weights=False),
+        dict(norm_position="post", ffn="gelu", positions="sinusoidal"),
+    ],
+)
 def test_gradients_reach_every_parameter(kw):
     torch.manual_seed(0)
     m = GPT(GPTConfig(**TINY, **kw))
@@ -194,12 +249,16 @@ def test_dropout_only_in_training():
 
 def test_bad_inputs():
     m = GPT(GPTConfig(**TINY))
-    with pytest.raises(ValueError, match=r"\(B, T\)"): m(torch.zeros(5, dtype=torch.long))
-    with pytest.raises(ValueError, match="positions 0..16 exceed max_seq_len=16"): m(torch.zeros(1, 17, dtype=torch.long))
-    with pytest.raises(ValueError, match="cache has 1 layers"): m(torch.zeros(1, 2, dtype=torch.long), cache=m.make_cache(1)[:1])
+    with pytest.raises(ValueError, match=r"\(B, T\)"):
+        m(torch.zeros(5, dtype=torch.long))
+    with pytest.raises(ValueError, match="positions 0..16 exceed max_seq_len=16"):
+        m(torch.zeros(1, 17, dtype=torch.long))
+    with pytest.raises(ValueError, match="cache has 1 layers"):
+        m(torch.zeros(1, 2, dtype=torch.long), cache=m.make_cache(1)[:1])
 
 
 # ------------------------------------------------------------------------------------------ the KV cache
+
 
 @pytest.mark.parametrize("positions", POSITIONS)
 @pytest.mark.parametrize("kw", [{}, dict(n_kv_heads=2, norm="rmsnorm", ffn="swiglu"), dict(norm_position="post")])
@@ -210,9 +269,9 @@ def test_incremental_decoding_matches_full_forward(positions, kw):
     with torch.no_grad():
         full = m(idx)
         cache = m.make_cache(3)
-        steps = [m(idx[:, :5], cache=cache)]                   # the prompt at once
-        steps += [m(idx[:, i:i + 1], cache=cache) for i in range(5, 12)]  # then one token at a time
-        steps += [m(idx[:, 12:], cache=cache)]                 # and a chunk again
+        steps = [m(idx[:, :5], cache=cache)]  # the prompt at once
+        steps += [m(idx[:, i : i + 1], cache=cache) for i in range(5, 12)]  # then one token at a time
+        steps += [m(idx[:, 12:], cache=cache)]  # and a chunk again
     assert cache[0].pos == cache[-1].pos == 16
     torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-5, atol=1e-5)
 
@@ -238,15 +297,15 @@ def test_learned_positions_refuse_to_run_past_max_seq_len_with_a_cache():
 def test_rope_and_sinusoidal_extrapolate_past_max_seq_len(positions):
     torch.manual_seed(0)
     m = randomize(GPT(GPTConfig(**TINY, positions=positions)), 0.2).eval()
-    idx = torch.randint(0, 37, (2, 24))                         # 24 > max_seq_len = 16
+    idx = torch.randint(0, 37, (2, 24))  # 24 > max_seq_len = 16
     with torch.no_grad():
         full = m(idx)
         cache = m.make_cache(2, max_len=24)
-        steps = [m(idx[:, :14], cache=cache)] + [m(idx[:, i:i + 1], cache=cache) for i in range(14, 24)]
+        steps = [m(idx[:, :14], cache=cache)] + [m(idx[:, i : i + 1], cache=cache) for i in range(14, 24)]
     torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-5, atol=1e-5)
     big = GPT(GPTConfig(**{**TINY, "max_seq_len": 24}, positions=positions))
     big.load_state_dict(m.state_dict())
-    torch.testing.assert_close(big(idx), full)                  # the same as a model built with a longer table
+    torch.testing.assert_close(big(idx), full)  # the same as a model built with a longer table
 
 
 # ------------------------------------------------------------------------------------ the NumPy mirror
@@ -256,8 +315,17 @@ SWITCHES = list(itertools.product(NORMS, NORM_POSITIONS, POSITIONS, FFNS, [True,
 
 @pytest.mark.parametrize("norm,norm_position,positions,ffn,tie_weights", SWITCHES)
 def test_numpy_forward_matches_torch_float64(norm, norm_position, positions, ffn, tie_weights):
-    cfg = GPTConfig(**TINY, n_kv_heads=2, norm=norm, norm_position=norm_position, positions=positions, ffn=ffn,
-                    tie_weights=tie_weights, bias=(ffn != "swiglu"), norm_eps=1e-6)
+    cfg = GPTConfig(
+        **TINY,
+        n_kv_heads=2,
+        norm=norm,
+        norm_position=norm_position,
+        positions=positions,
+        ffn=ffn,
+        tie_weights=tie_weights,
+        bias=(ffn != "swiglu"),
+        norm_eps=1e-6,
+    )
     torch.manual_seed(0)
     m = randomize(GPT(cfg)).double()
     idx = torch.randint(0, 37, (2, 11))
@@ -267,7 +335,9 @@ def test_numpy_forward_matches_torch_float64(norm, norm_position, positions, ffn
     np.testing.assert_allclose(ours, ref, rtol=0, atol=1e-9)
 
 
-@pytest.mark.parametrize("kw", [{}, dict(norm="rmsnorm", positions="rope", ffn="swiglu", bias=False, n_kv_heads=2, tie_weights=False)])
+@pytest.mark.parametrize(
+    "kw", [{}, dict(norm="rmsnorm", positions="rope", ffn="swiglu", bias=False, n_kv_heads=2, tie_weights=False)]
+)
 def test_numpy_forward_float32(kw):
     "float32 on both sides: equal to about 1e-6 on logits of size ~1-10; the test allows 1e-4."
     cfg = GPTConfig(**TINY, **kw)
@@ -282,13 +352,18 @@ def test_numpy_forward_float32(kw):
 def test_numpy_forward_errors():
     cfg = GPTConfig(**TINY)
     params = numpy_params(GPT(cfg))
-    with pytest.raises(ValueError, match=r"0\.\.36"): npm.forward(params, np.array([[0, 37]]), cfg)
-    with pytest.raises(ValueError, match=r"\(B, T\)"): npm.forward(params, np.array([0, 1]), cfg)
-    with pytest.raises(ValueError, match="max_seq_len=16"): npm.forward(params, np.zeros((1, 17), int), cfg)
-    with pytest.raises(ValueError, match="no field 'max_seq_len'"): npm.forward(params, np.zeros((1, 2), int), {"vocab_size": 37})
+    with pytest.raises(ValueError, match=r"0\.\.36"):
+        npm.forward(params, np.array([[0, 37]]), cfg)
+    with pytest.raises(ValueError, match=r"\(B, T\)"):
+        npm.forward(params, np.array([0, 1]), cfg)
+    with pytest.raises(ValueError, match="max_seq_len=16"):
+        npm.forward(params, np.zeros((1, 17), int), cfg)
+    with pytest.raises(ValueError, match="no field 'max_seq_len'"):
+        npm.forward(params, np.zeros((1, 2), int), {"vocab_size": 37})
 
 
 # ---------------------------------------------------------------------------- dtypes, devices, compile
+
 
 def test_bfloat16_autocast_and_float64():
     torch.manual_seed(0)
@@ -297,7 +372,8 @@ def test_bfloat16_autocast_and_float64():
     with torch.no_grad():
         ref = m(idx)
         assert ref.dtype == torch.float32
-        with torch.autocast("cpu", dtype=torch.bfloat16): low = m(idx)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            low = m(idx)
         assert low.dtype == torch.bfloat16
         torch.testing.assert_close(low.float(), ref, rtol=0, atol=0.05)
         m64 = GPT(GPTConfig.baby(65, positions="rope")).double()
@@ -328,7 +404,8 @@ def test_torch_compile_on_cpu_matches_eager():
     torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
     loss.backward()
     grads = {n: p.grad.clone() for n, p in m.named_parameters()}
-    m.zero_grad(); ref_loss.backward()
+    m.zero_grad()
+    ref_loss.backward()
     for n, p in m.named_parameters():
         torch.testing.assert_close(grads[n], p.grad, rtol=1e-3, atol=1e-5, msg=n)
 
@@ -342,6 +419,7 @@ def test_targets_must_match_idx_shape():
 
 def test_empty_input_gives_empty_logits_on_both_sides():
     from gptbook.scratch.embedding import embed
+
     cfg = GPTConfig.baby(65)
     model = GPT(cfg)
     params = {k: v.numpy() for k, v in model.state_dict().items()}

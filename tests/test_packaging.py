@@ -1,4 +1,5 @@
 """The wheel installs and imports with its runtime requirements only (no nbdev, no fastcore)."""
+
 import os
 import subprocess
 import sys
@@ -28,6 +29,7 @@ def test_wheel_installs_and_imports_without_dev_tools(tmp_path):
     venv.EnvBuilder(with_pip=True).create(env_dir)
     py = env_dir / "bin" / "python"
     import torch
+
     # The same torch as here (this machine keeps its CPU build on disk), then the wheel, whose other
     # runtime requirements pip resolves from the wheel's own metadata.
     _run([py, "-m", "pip", "install", "-q", f"torch=={torch.__version__.split('+')[0]}"])
@@ -51,6 +53,7 @@ def test_wheel_installs_and_imports_without_dev_tools(tmp_path):
 
 def _version():
     import configparser
+
     cp = configparser.ConfigParser(delimiters=["="])
     cp.read(ROOT / "settings.ini")
     return cp["DEFAULT"]["version"]

@@ -1,4 +1,5 @@
 """Positions: permutation equivariance, learned table, sinusoids, RoPE (relative property, norms, pairings)."""
+
 import math
 
 import numpy as np
@@ -17,7 +18,7 @@ def rotation_reference(x, p, base=10000.0):
     R = np.zeros((d, d))
     for k in range(d // 2):
         a = p * base ** (-2 * k / d)
-        R[2 * k:2 * k + 2, 2 * k:2 * k + 2] = [[math.cos(a), -math.sin(a)], [math.sin(a), math.cos(a)]]
+        R[2 * k : 2 * k + 2, 2 * k : 2 * k + 2] = [[math.cos(a), -math.sin(a)], [math.sin(a), math.cos(a)]]
     return R @ x
 
 
@@ -30,7 +31,9 @@ def test_attention_without_positions_is_permutation_equivariant():
     torch.testing.assert_close(attend(x[perm]), attend(x)[perm])
     # With RoPE the same shuffle no longer just shuffles the output: order now matters.
     cos, sin = P.rope_angles(7, 16, dtype=torch.float64)
-    roped = lambda x: A.scaled_dot_product_attention(P.apply_rope(x @ Wq, cos, sin), P.apply_rope(x @ Wk, cos, sin), x @ Wv)
+    roped = lambda x: A.scaled_dot_product_attention(
+        P.apply_rope(x @ Wq, cos, sin), P.apply_rope(x @ Wk, cos, sin), x @ Wv
+    )
     assert (roped(x[perm]) - roped(x)[perm]).abs().max() > 1e-3
 
 
@@ -51,8 +54,12 @@ def test_learned_positions():
 
 def test_sinusoidal_table_matches_formula():
     T, d = 12, 10
-    ref = np.array([[math.sin(p / 10000 ** (i / d)) if i % 2 == 0 else math.cos(p / 10000 ** ((i - 1) / d))
-                     for i in range(d)] for p in range(T)])
+    ref = np.array(
+        [
+            [math.sin(p / 10000 ** (i / d)) if i % 2 == 0 else math.cos(p / 10000 ** ((i - 1) / d)) for i in range(d)]
+            for p in range(T)
+        ]
+    )
     t = P.sinusoidal_table(T, d)
     assert t.dtype == torch.float32 and t.shape == (T, d)
     np.testing.assert_allclose(t.numpy(), ref, atol=1e-6)
@@ -93,8 +100,13 @@ def test_apply_rope_shape_errors():
 
 
 @settings(max_examples=40, deadline=None)
-@given(i=st.integers(0, 200), j=st.integers(0, 200), shift=st.integers(-200, 2000),
-       d=st.sampled_from([2, 8, 64, 128]), seed=st.integers(0, 2**16))
+@given(
+    i=st.integers(0, 200),
+    j=st.integers(0, 200),
+    shift=st.integers(-200, 2000),
+    d=st.sampled_from([2, 8, 64, 128]),
+    seed=st.integers(0, 2**16),
+)
 def test_rope_scores_depend_only_on_relative_position(i, j, shift, d, seed):
     i2, j2 = i + shift, j + shift
     if min(i2, j2) < 0:
@@ -102,7 +114,7 @@ def test_rope_scores_depend_only_on_relative_position(i, j, shift, d, seed):
     rng = np.random.default_rng(seed)
     q, k = rng.standard_normal(d), rng.standard_normal(d)
     cos, sin = NP.rope_angles(max(i, j, i2, j2) + 1, d, dtype=np.float64)
-    rot = lambda x, p: NP.apply_rope(x[None], cos[p:p + 1], sin[p:p + 1])[0]
+    rot = lambda x, p: NP.apply_rope(x[None], cos[p : p + 1], sin[p : p + 1])[0]
     s1, s2 = rot(q, i) @ rot(k, j), rot(q, i2) @ rot(k, j2)
     assert abs(s1 - s2) <= 1e-9 * (1 + abs(s1))
     # torch, batched: every score of a T x T matrix against the same matrix shifted by `shift`
@@ -111,13 +123,16 @@ def test_rope_scores_depend_only_on_relative_position(i, j, shift, d, seed):
     c, s = P.rope_angles(T + abs(shift), d, dtype=torch.float64)
     o = abs(shift)
     scores0 = P.apply_rope(qt, c[:T], s[:T]) @ P.apply_rope(kt, c[:T], s[:T]).T
-    scores1 = P.apply_rope(qt, c[o:o + T], s[o:o + T]) @ P.apply_rope(kt, c[o:o + T], s[o:o + T]).T
+    scores1 = P.apply_rope(qt, c[o : o + T], s[o : o + T]) @ P.apply_rope(kt, c[o : o + T], s[o : o + T]).T
     torch.testing.assert_close(scores0, scores1, atol=1e-9, rtol=1e-9)
 
 
 @settings(max_examples=30, deadline=None)
-@given(shape=st.sampled_from([(3, 8), (2, 4, 5, 16), (1, 7, 2)]), dtype=st.sampled_from([torch.float32, torch.float64]),
-       seed=st.integers(0, 2**16))
+@given(
+    shape=st.sampled_from([(3, 8), (2, 4, 5, 16), (1, 7, 2)]),
+    dtype=st.sampled_from([torch.float32, torch.float64]),
+    seed=st.integers(0, 2**16),
+)
 def test_rope_preserves_norms_dtype_and_shape(shape, dtype, seed):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(shape, generator=g, dtype=dtype)
@@ -127,8 +142,12 @@ def test_rope_preserves_norms_dtype_and_shape(shape, dtype, seed):
     tol = 1e-5 if dtype == torch.float32 else 1e-12
     torch.testing.assert_close(y.norm(dim=-1), x.norm(dim=-1), atol=tol, rtol=tol)
     np.testing.assert_allclose(NP.apply_rope(x.numpy(), cos.numpy(), sin.numpy()), y.numpy(), atol=tol, rtol=tol)
-    np.testing.assert_allclose(np.linalg.norm(NP.apply_rope(x.numpy(), cos.numpy(), sin.numpy()), axis=-1),
-                               x.norm(dim=-1).numpy(), atol=tol, rtol=tol)
+    np.testing.assert_allclose(
+        np.linalg.norm(NP.apply_rope(x.numpy(), cos.numpy(), sin.numpy()), axis=-1),
+        x.norm(dim=-1).numpy(),
+        atol=tol,
+        rtol=tol,
+    )
 
 
 def test_rope_bfloat16_keeps_dtype():
@@ -160,8 +179,11 @@ def test_pairing_permutation_maps_llama_weights():
     ours = P.apply_rope(x @ Wq[perm].T, cos, sin) @ P.apply_rope(x @ Wk[perm].T, cos, sin).T
     torch.testing.assert_close(ours, hf)
     torch.testing.assert_close(P.apply_rope_halves(x @ Wq.T, cos, sin), hf_style_rope(x @ Wq.T, cos, sin))
-    np.testing.assert_allclose(NP.apply_rope_halves((x @ Wq.T).numpy(), cos.numpy(), sin.numpy()),
-                               hf_style_rope(x @ Wq.T, cos, sin).numpy(), atol=1e-12)
+    np.testing.assert_allclose(
+        NP.apply_rope_halves((x @ Wq.T).numpy(), cos.numpy(), sin.numpy()),
+        hf_style_rope(x @ Wq.T, cos, sin).numpy(),
+        atol=1e-12,
+    )
     # without the permutation the scores differ: the pairing is not a detail
     wrong = P.apply_rope(x @ Wq.T, cos, sin) @ P.apply_rope(x @ Wk.T, cos, sin).T
     assert (wrong - hf).abs().max() > 1e-3
@@ -177,8 +199,12 @@ def test_pairing_matches_transformers_llama():
     q_hf, k_hf = llama.apply_rotary_pos_emb(q, k, torch.cat([cos, cos], -1)[None], torch.cat([sin, sin], -1)[None])
     perm = P.rope_halves_to_interleaved(hd)
     torch.testing.assert_close(P.apply_rope(q[..., perm], cos, sin), q_hf[..., perm], atol=1e-6, rtol=1e-5)
-    torch.testing.assert_close(P.apply_rope(k[..., perm], cos, sin) @ P.apply_rope(q[..., perm], cos, sin).transpose(-2, -1),
-                               k_hf @ q_hf.transpose(-2, -1), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        P.apply_rope(k[..., perm], cos, sin) @ P.apply_rope(q[..., perm], cos, sin).transpose(-2, -1),
+        k_hf @ q_hf.transpose(-2, -1),
+        atol=1e-5,
+        rtol=1e-5,
+    )
 
 
 def test_negative_length_is_refused():

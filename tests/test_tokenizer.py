@@ -1,5 +1,6 @@
 """gptbook.tokenizer against independent references: the naive loop for the fast trainer's merges,
 tiktoken and HF tokenizers for the ids, plus round trips, the file format and the error messages."""
+
 import json
 import warnings
 
@@ -7,8 +8,16 @@ import pytest
 import regex
 from hypothesis import given, settings, strategies as st
 
-from gptbook.tokenizer import (GPT2_PATTERN, BPETokenizer, CharTokenizer, apply_merges, bpe_merges, merge_pair,
-                               pretokenize, train_bpe_naive)
+from gptbook.tokenizer import (
+    GPT2_PATTERN,
+    BPETokenizer,
+    CharTokenizer,
+    apply_merges,
+    bpe_merges,
+    merge_pair,
+    pretokenize,
+    train_bpe_naive,
+)
 
 tiktoken = pytest.importorskip("tiktoken")
 tokenizers = pytest.importorskip("tokenizers")
@@ -18,9 +27,24 @@ pieces = st.sampled_from(["a", "aa", "aaa", "b", "ab", " ", "  ", "\n", "\r\n", 
 runs = st.lists(pieces, min_size=1, max_size=40).map("".join)
 texts = st.one_of(st.text(min_size=1, max_size=80), runs)
 EOT = "<|endoftext|>"
-AWKWARD = ["", " ", "a", "hello world!!!? (안녕하세요!) lol123 😉", "naïve café", "e\u0301\u0301 a\u0308",
-           "语言模型 トークン", "a\r\nb\r\n\r\n", " " * 17 + "x", "x" + " " * 9, "1234567890 3.14159 007",
-           "\t\n \u00a0\u2028\u3000", "ÿ\x00\x7f\x1b", "🙂🙂🙂👍🏽👨‍👩‍👧", "'s 're 'll 'S", "aaaaaaaaaaaaaaaaaaaaaaaaa"]
+AWKWARD = [
+    "",
+    " ",
+    "a",
+    "hello world!!!? (안녕하세요!) lol123 😉",
+    "naïve café",
+    "e\u0301\u0301 a\u0308",
+    "语言模型 トークン",
+    "a\r\nb\r\n\r\n",
+    " " * 17 + "x",
+    "x" + " " * 9,
+    "1234567890 3.14159 007",
+    "\t\n \u00a0\u2028\u3000",
+    "ÿ\x00\x7f\x1b",
+    "🙂🙂🙂👍🏽👨‍👩‍👧",
+    "'s 're 'll 'S",
+    "aaaaaaaaaaaaaaaaaaaaaaaaa",
+]
 
 
 def train_quiet(*args, **kwargs):
@@ -31,6 +55,7 @@ def train_quiet(*args, **kwargs):
 
 
 # ---------------------------------------------------------------- fast trainer == naive loop
+
 
 @settings(max_examples=50, deadline=None)
 @given(texts, st.integers(256, 330))
@@ -71,8 +96,16 @@ def test_20kb_slice_vocab_400(shakespeare, pattern):
 def test_golden_shakespeare_gpt2_pattern(shakespeare):
     # Fixed expectations: a change of tie-break or of counting would show here.
     tok = BPETokenizer.train(shakespeare, 10_000, pattern=GPT2_PATTERN)
-    assert list(tok.merges)[:8] == [(32, 116), (104, 101), (32, 97), (111, 117), (32, 115), (32, 109), (105, 110),
-                                    (32, 119)]
+    assert list(tok.merges)[:8] == [
+        (32, 116),
+        (104, 101),
+        (32, 97),
+        (111, 117),
+        (32, 115),
+        (32, 109),
+        (105, 110),
+        (32, 119),
+    ]
     ids = tok.encode(shakespeare)
     assert len(ids) == 312_072  # 3.57 bytes per token
     assert len(ids) == len(shakespeare.encode()) - sum(tok.merge_counts)  # encoding replays training
@@ -88,6 +121,7 @@ def test_shakespeare_compression_without_pretokenization(shakespeare):
 
 
 # ---------------------------------------------------------------- pre-tokenization and encoding
+
 
 @settings(max_examples=60, deadline=None)
 @given(st.one_of(st.text(alphabet=st.characters(max_codepoint=127), max_size=60), runs.filter(str.isascii)))
@@ -107,13 +141,15 @@ def test_apply_merges_long_and_short_paths_equal_replay(raw_tok, b):
     # The reference replays every merge in order with merge_pair, the seed's definition of encoding.
     merges = raw_tok.merges
     replay = list(b)
-    for pair, new_id in merges.items(): replay = merge_pair(replay, pair, new_id)
+    for pair, new_id in merges.items():
+        replay = merge_pair(replay, pair, new_id)
     assert apply_merges(b, merges) == replay
-    pieces = [b[i:i + 40] for i in range(0, len(b), 40)]  # short path, per piece
+    pieces = [b[i : i + 40] for i in range(0, len(b), 40)]  # short path, per piece
     short = []
     for p in pieces:
         r = list(p)
-        for pair, new_id in merges.items(): r = merge_pair(r, pair, new_id)
+        for pair, new_id in merges.items():
+            r = merge_pair(r, pair, new_id)
         short += r
     assert [x for p in pieces for x in apply_merges(p, merges)] == short
 
@@ -153,9 +189,11 @@ def test_leading_space_is_part_of_the_token(tok):
 
 # ---------------------------------------------------------------- tiktoken and HF tokenizers give the same ids
 
+
 @pytest.fixture(scope="module")
 def split(shakespeare):
     from gptbook.data import train_val_split
+
     return train_val_split(shakespeare)
 
 
@@ -208,14 +246,18 @@ def test_special_tokens_follow_tiktoken(tok):
     assert tok.encode(s, allowed_special={EOT}).count(9_999) == 2
     assert tok.encode(s, disallowed_special=()) == tt.encode(s, disallowed_special=()) == tok.encode_ordinary(s)
     assert 9_999 not in tok.encode_ordinary(s)
-    with pytest.raises(ValueError, match="special token"): tt.encode(s)  # tiktoken refuses too
-    with pytest.raises(ValueError, match=r"special token '<\|endoftext\|>' at position 6"): tok.encode(s)
-    with pytest.raises(ValueError, match="not special tokens"): tok.encode(s, allowed_special={"<|pad|>"})
+    with pytest.raises(ValueError, match="special token"):
+        tt.encode(s)  # tiktoken refuses too
+    with pytest.raises(ValueError, match=r"special token '<\|endoftext\|>' at position 6"):
+        tok.encode(s)
+    with pytest.raises(ValueError, match="not special tokens"):
+        tok.encode(s, allowed_special={"<|pad|>"})
     assert tok.decode(tok.encode(s, allowed_special="all")) == s
     assert tok.to_hf().encode(s).ids == tok.encode(s, allowed_special="all")
 
 
 # ---------------------------------------------------------------- save / load
+
 
 def test_save_load_round_trip(tok, split, tmp_path):
     tok.save(tmp_path / "tok.json")
@@ -238,47 +280,71 @@ def test_save_load_without_pattern(raw_tok, tmp_path):
 
 def test_load_errors(tok, tmp_path):
     CharTokenizer.train("abc").save(tmp_path / "char.json")
-    with pytest.raises(ValueError, match="use CharTokenizer.load"): BPETokenizer.load(tmp_path / "char.json")
+    with pytest.raises(ValueError, match="use CharTokenizer.load"):
+        BPETokenizer.load(tmp_path / "char.json")
     tok.save(tmp_path / "tok.json")
     d = json.loads((tmp_path / "tok.json").read_text(encoding="utf-8"))
     d["merges"][5][2] = "zz"
     (tmp_path / "edited.json").write_text(json.dumps(d), encoding="utf-8")
-    with pytest.raises(ValueError, match="merge 5"): BPETokenizer.load(tmp_path / "edited.json")
+    with pytest.raises(ValueError, match="merge 5"):
+        BPETokenizer.load(tmp_path / "edited.json")
     d["merges"][5][2], d["merges"][5][0] = "anything", 9_000  # refers to an id that does not exist yet
     (tmp_path / "edited.json").write_text(json.dumps(d), encoding="utf-8")
-    with pytest.raises(ValueError, match="existing ids"): BPETokenizer.load(tmp_path / "edited.json")
+    with pytest.raises(ValueError, match="existing ids"):
+        BPETokenizer.load(tmp_path / "edited.json")
     d = dict(type="bpe", version=2, merges=[])
     (tmp_path / "v2.json").write_text(json.dumps(d), encoding="utf-8")
-    with pytest.raises(ValueError, match="version"): BPETokenizer.load(tmp_path / "v2.json")
+    with pytest.raises(ValueError, match="version"):
+        BPETokenizer.load(tmp_path / "v2.json")
 
 
 # ---------------------------------------------------------------- errors
 
+
 def test_training_errors():
-    with pytest.raises(ValueError, match="at least 256"): BPETokenizer.train("hello", 255)
-    with pytest.raises(ValueError, match="at least 257"): BPETokenizer.train("hello", 256, special_tokens=[EOT])
-    with pytest.raises(TypeError, match="must be an int"): BPETokenizer.train("hello", 300.0)
-    with pytest.raises(TypeError, match="must be an int"): BPETokenizer.train("hello", True)
-    with pytest.raises(ValueError, match="empty"): BPETokenizer.train("", 300)
-    with pytest.raises(TypeError, match="expects a str"): BPETokenizer.train(b"hello", 300)
-    with pytest.raises(ValueError, match="lone surrogate"): BPETokenizer.train("a\ud800b", 300)
-    with pytest.raises(ValueError, match="does not match"): BPETokenizer.train("ab cd", 300, pattern=r"\w+")
-    with pytest.raises(ValueError, match="at least 256"): train_bpe_naive("hello", 10)
-    with pytest.warns(UserWarning, match="ran out of pairs"): BPETokenizer.train("abc", 300)
+    with pytest.raises(ValueError, match="at least 256"):
+        BPETokenizer.train("hello", 255)
+    with pytest.raises(ValueError, match="at least 257"):
+        BPETokenizer.train("hello", 256, special_tokens=[EOT])
+    with pytest.raises(TypeError, match="must be an int"):
+        BPETokenizer.train("hello", 300.0)
+    with pytest.raises(TypeError, match="must be an int"):
+        BPETokenizer.train("hello", True)
+    with pytest.raises(ValueError, match="empty"):
+        BPETokenizer.train("", 300)
+    with pytest.raises(TypeError, match="expects a str"):
+        BPETokenizer.train(b"hello", 300)
+    with pytest.raises(ValueError, match="lone surrogate"):
+        BPETokenizer.train("a\ud800b", 300)
+    with pytest.raises(ValueError, match="does not match"):
+        BPETokenizer.train("ab cd", 300, pattern=r"\w+")
+    with pytest.raises(ValueError, match="at least 256"):
+        train_bpe_naive("hello", 10)
+    with pytest.warns(UserWarning, match="ran out of pairs"):
+        BPETokenizer.train("abc", 300)
 
 
 def test_encode_decode_errors(tok):
-    with pytest.raises(TypeError, match="expects a str"): tok.encode(b"bytes")
-    with pytest.raises(TypeError, match="expects a str"): tok.encode_ordinary(None)
-    with pytest.raises(ValueError, match="position 2"): tok.encode("ab\udc80")
-    with pytest.raises(ValueError, match="id 10000 is not in"): tok.decode([1, 10_000])
-    with pytest.raises(ValueError, match="id -1 is not in"): tok.decode([-1])
-    with pytest.raises(TypeError, match=r"decode\(\[id\]\)"): tok.decode(5)
-    with pytest.raises(TypeError): tok.decode(["a"])
-    with pytest.raises(ValueError, match="does not match"): pretokenize("ab cd", r"\w+")
+    with pytest.raises(TypeError, match="expects a str"):
+        tok.encode(b"bytes")
+    with pytest.raises(TypeError, match="expects a str"):
+        tok.encode_ordinary(None)
+    with pytest.raises(ValueError, match="position 2"):
+        tok.encode("ab\udc80")
+    with pytest.raises(ValueError, match="id 10000 is not in"):
+        tok.decode([1, 10_000])
+    with pytest.raises(ValueError, match="id -1 is not in"):
+        tok.decode([-1])
+    with pytest.raises(TypeError, match=r"decode\(\[id\]\)"):
+        tok.decode(5)
+    with pytest.raises(TypeError):
+        tok.decode(["a"])
+    with pytest.raises(ValueError, match="does not match"):
+        pretokenize("ab cd", r"\w+")
 
 
 # ---------------------------------------------------------------- characters
+
 
 def test_char_tokenizer(tmp_path):
     ct = CharTokenizer.train("hello world")
@@ -287,17 +353,23 @@ def test_char_tokenizer(tmp_path):
     ct.save(tmp_path / "c.json")
     assert json.loads((tmp_path / "c.json").read_text(encoding="utf-8")) == {"type": "char", "chars": ct.chars}
     assert CharTokenizer.load(tmp_path / "c.json").chars == ct.chars
-    with pytest.raises(ValueError, match="'z' at position 3"): ct.encode("helz")
-    with pytest.raises(ValueError, match="not a valid"): ct.decode([8])
-    with pytest.raises(ValueError, match="empty"): CharTokenizer.train("")
-    with pytest.raises(TypeError, match="str"): CharTokenizer.train(["a"])
+    with pytest.raises(ValueError, match="'z' at position 3"):
+        ct.encode("helz")
+    with pytest.raises(ValueError, match="not a valid"):
+        ct.decode([8])
+    with pytest.raises(ValueError, match="empty"):
+        CharTokenizer.train("")
+    with pytest.raises(TypeError, match="str"):
+        CharTokenizer.train(["a"])
     BPETokenizer.train("abcabc", 257).save(tmp_path / "b.json")
-    with pytest.raises(ValueError, match="use BPETokenizer.load"): CharTokenizer.load(tmp_path / "b.json")
+    with pytest.raises(ValueError, match="use BPETokenizer.load"):
+        CharTokenizer.load(tmp_path / "b.json")
 
 
 def test_decode_zero_dim_ids_says_use_a_list():
     import numpy as np
     import torch
+
     tok = BPETokenizer.train("hello hello world", 260)
     for one_id in (np.int64(104), torch.tensor(104)):
         with pytest.raises(TypeError, match=r"decode\(\[id\]\)"):

@@ -1,5 +1,6 @@
 """gptbook.train and the token data of gptbook.data: schedule, AdamW groups, batches, checkpoints
 (atomic, pickle-free, bit-exact resume), NaN handling, metrics."""
+
 import dataclasses
 import json
 import math
@@ -20,9 +21,22 @@ from hypothesis import given, settings, strategies as st
 from gptbook.data import TokenData, get_batch, load_token_data, load_tokens, save_tokens
 from gptbook.model import GPT, GPTConfig
 from gptbook.tokenizer import CharTokenizer
-from gptbook.train import (CKPT_FILES, Trainer, TrainConfig, TrainingDiverged, list_checkpoints, load_checkpoint,
-                           lm_loss, lr_at, make_optimizer, model_config_for, param_groups, read_metrics,
-                           save_checkpoint, train)
+from gptbook.train import (
+    CKPT_FILES,
+    Trainer,
+    TrainConfig,
+    TrainingDiverged,
+    list_checkpoints,
+    load_checkpoint,
+    lm_loss,
+    lr_at,
+    make_optimizer,
+    model_config_for,
+    param_groups,
+    read_metrics,
+    save_checkpoint,
+    train,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,13 +51,25 @@ def chars(shakespeare):
 
 def tiny_config(vocab_size=65, **kw):
     "A one-layer model: enough to exercise every code path in milliseconds."
-    return dataclasses.replace(GPTConfig.baby(vocab_size), **{"n_layers": 1, "n_heads": 2, "d_model": 32,
-                                                             "max_seq_len": 16, **kw})
+    return dataclasses.replace(
+        GPTConfig.baby(vocab_size), **{"n_layers": 1, "n_heads": 2, "d_model": 32, "max_seq_len": 16, **kw}
+    )
 
 
 def tiny_cfg(out_dir, **kw):
-    return TrainConfig(**{"out_dir": str(out_dir), "progress": False, "warmup_iters": 3, "lr": 3e-3,
-                          "batch_size": 4, "eval_iters": 2, "eval_interval": 5, "max_iters": 20, **kw})
+    return TrainConfig(
+        **{
+            "out_dir": str(out_dir),
+            "progress": False,
+            "warmup_iters": 3,
+            "lr": 3e-3,
+            "batch_size": 4,
+            "eval_iters": 2,
+            "eval_interval": 5,
+            "max_iters": 20,
+            **kw,
+        }
+    )
 
 
 def new_trainer(data, cfg, config, seed=None):
@@ -55,6 +81,7 @@ def new_trainer(data, cfg, config, seed=None):
 
 
 # --- token data --------------------------------------------------------------------------------
+
 
 @settings(max_examples=40, deadline=None)
 @given(n=st.integers(2, 300), B=st.integers(1, 6), T=st.integers(1, 40), seed=st.integers(0, 2**31))
@@ -69,7 +96,9 @@ def test_get_batch_windows(n, B, T, seed):
     x, y = get_batch(data, B, T, g)
     assert x.shape == y.shape == (B, T) and x.dtype == y.dtype == torch.int64
     for row_x, row_y in zip(x.numpy(), y.numpy()):
-        starts = [s for s in range(n - T) if (data[s:s + T] == row_x).all() and (data[s + 1:s + T + 1] == row_y).all()]
+        starts = [
+            s for s in range(n - T) if (data[s : s + T] == row_x).all() and (data[s + 1 : s + T + 1] == row_y).all()
+        ]
         assert starts, "a row is not a window of the data"
 
 
@@ -78,7 +107,9 @@ def test_get_batch_windows(n, B, T, seed):
 def test_get_batch_ranks_partition_the_global_batch(world, B, seed):
     data = np.arange(1000, dtype=np.uint16)
     full = get_batch(data, world * B, 8, torch.Generator().manual_seed(seed))[0]
-    parts = [get_batch(data, B, 8, torch.Generator().manual_seed(seed), rank=r, world_size=world)[0] for r in range(world)]
+    parts = [
+        get_batch(data, B, 8, torch.Generator().manual_seed(seed), rank=r, world_size=world)[0] for r in range(world)
+    ]
     assert torch.equal(torch.cat(parts), full)
 
 
@@ -95,7 +126,7 @@ def test_get_batch_is_reproducible_and_rejects_bad_rank():
 def test_tokens_file_roundtrip(tmp_path):
     ids = np.random.default_rng(0).integers(0, 2**16, 1001)
     p = save_tokens(ids, tmp_path / "t.bin")
-    assert p.read_bytes() == ids.astype("<u2").tobytes()    # raw uint16, no header (nanoGPT's .bin format)
+    assert p.read_bytes() == ids.astype("<u2").tobytes()  # raw uint16, no header (nanoGPT's .bin format)
     m = load_tokens(p)
     assert isinstance(m, np.memmap) and m.dtype == np.uint16 and (m == ids).all()
     with pytest.raises(ValueError, match="uint16"):
@@ -107,7 +138,7 @@ def test_load_token_data_char(chars, shakespeare):
     n_train = int(len(shakespeare) * 0.9)
     assert chars.vocab_size == 65 and chars.train.dtype == np.uint16
     assert len(chars.train) == n_train and len(chars.val) == len(shakespeare) - n_train
-    assert chars.tokenizer.decode(chars.val[:100]) == shakespeare[n_train:n_train + 100]
+    assert chars.tokenizer.decode(chars.val[:100]) == shakespeare[n_train : n_train + 100]
     # an explicit tokenizer object (what a resumed run passes) gives the same ids
     again = load_token_data(chars.tokenizer)
     assert (again.train == chars.train).all()
@@ -125,6 +156,7 @@ def test_load_token_data_from_path(tmp_path):
 @pytest.mark.slow
 def test_load_token_data_bpe_is_cached(tmp_path, monkeypatch, shakespeare):
     from gptbook.tokenizer import BPETokenizer
+
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     text = shakespeare[:20_000]
     f = tmp_path / "t.txt"
@@ -139,6 +171,7 @@ def test_load_token_data_bpe_is_cached(tmp_path, monkeypatch, shakespeare):
 
 
 # --- loss, schedule, optimizer -------------------------------------------------------------------
+
 
 def test_lm_loss_matches_numpy():
     rng = np.random.default_rng(0)
@@ -161,7 +194,7 @@ def test_lr_schedule_shape(warmup, extra, max_lr, ratio):
     # decay: starts at the peak, never increases, ends at min_lr, and stays there
     if warmup < N:
         assert lrs[warmup] == pytest.approx(max_lr)
-    assert all(a >= b - 1e-15 for a, b in zip(lrs[warmup:], lrs[warmup + 1:]))
+    assert all(a >= b - 1e-15 for a, b in zip(lrs[warmup:], lrs[warmup + 1 :]))
     assert all(v == pytest.approx(min_lr) for v in lrs[N:])
     assert all(0 < v <= max_lr + 1e-12 for v in lrs[:warmup])
     assert all(min_lr - 1e-12 <= v <= max_lr + 1e-12 for v in lrs[warmup:])
@@ -215,6 +248,7 @@ def test_train_config_validates_and_roundtrips():
 
 # --- the loop ------------------------------------------------------------------------------------
 
+
 def test_grad_accum_equals_one_big_batch(chars, tmp_path):
     a = new_trainer(chars, tiny_cfg(tmp_path / "a", batch_size=8), tiny_config())
     b = new_trainer(chars, tiny_cfg(tmp_path / "b", batch_size=2, grad_accum=4), tiny_config())
@@ -247,7 +281,7 @@ def test_metrics_and_checkpoint_files(chars, tmp_path):
             json.loads(f.read_text())
         else:
             n = int.from_bytes(head[:8], "little")
-            json.loads(f.read_bytes()[8:8 + n])
+            json.loads(f.read_bytes()[8 : 8 + n])
     ck = load_checkpoint(tmp_path)
     assert ck.iter == 20 and not ck.model.training and isinstance(ck.tokenizer, CharTokenizer)
     x = torch.randint(0, 65, (2, 16))
@@ -256,13 +290,13 @@ def test_metrics_and_checkpoint_files(chars, tmp_path):
 
 def test_bit_exact_resume(chars, tmp_path):
     "k steps + save + (kill) + resume + (N - k) steps == N straight steps: identical weights and losses, on CPU."
-    config = tiny_config(dropout=0.1)   # dropout makes the torch RNG state matter too
+    config = tiny_config(dropout=0.1)  # dropout makes the torch RNG state matter too
     cfg = dict(max_iters=24, eval_interval=6, grad_accum=2)
     straight = new_trainer(chars, tiny_cfg(tmp_path / "straight", **cfg), config)
     straight.fit()
     first = new_trainer(chars, tiny_cfg(tmp_path / "resumed", **cfg), config)
     first.fit(stop_at=12)
-    torch.manual_seed(999)    # anything the new process does before loading must not matter
+    torch.manual_seed(999)  # anything the new process does before loading must not matter
     np.random.seed(5)
     rest = train(tiny_cfg(tmp_path / "resumed", **cfg), resume=True, data=chars)
     assert first.step_losses + rest.step_losses == straight.step_losses
@@ -272,7 +306,9 @@ def test_bit_exact_resume(chars, tmp_path):
     assert opt_a["param_groups"] == opt_b["param_groups"]
     assert opt_a["state"].keys() == opt_b["state"].keys()
     for i, s in opt_a["state"].items():
-        assert s.keys() == opt_b["state"][i].keys() and all(torch.equal(v, opt_b["state"][i][k]) for k, v in s.items()), i
+        assert s.keys() == opt_b["state"][i].keys() and all(
+            torch.equal(v, opt_b["state"][i][k]) for k, v in s.items()
+        ), i
     strip = lambda recs: [(r["iter"], r["train_loss"], r["val_loss"], r["lr"]) for r in recs]
     assert strip(read_metrics(tmp_path / "resumed")) == strip(read_metrics(tmp_path / "straight"))
 
@@ -290,8 +326,12 @@ def test_resume_trims_metrics_past_the_checkpoint(chars, tmp_path):
 
 def test_fresh_run_clears_an_old_one(chars, tmp_path):
     new_trainer(chars, tiny_cfg(tmp_path, max_iters=10), tiny_config()).fit()
-    train(tiny_cfg(tmp_path, max_iters=5, model_overrides={"n_layers": 1, "n_heads": 2, "d_model": 32, "max_seq_len": 16}),
-          data=chars)
+    train(
+        tiny_cfg(
+            tmp_path, max_iters=5, model_overrides={"n_layers": 1, "n_heads": 2, "d_model": 32, "max_seq_len": 16}
+        ),
+        data=chars,
+    )
     assert [p.name for p in list_checkpoints(tmp_path)] == ["ckpt_0000005"]
     assert [r["iter"] for r in read_metrics(tmp_path)] == [0, 5]
 
@@ -300,11 +340,12 @@ def test_nan_stops_the_run_and_keeps_the_last_good_checkpoint(chars, tmp_path):
     t = new_trainer(chars, tiny_cfg(tmp_path, eval_interval=4), tiny_config())
     calls = {"n": 0}
 
-    def poison(module, inputs, output):   # from the 7th training forward on (step 6), the logits are NaN
+    def poison(module, inputs, output):  # from the 7th training forward on (step 6), the logits are NaN
         if not module.training:
             return output
         calls["n"] += 1
         return output * float("nan") if calls["n"] > 6 else output
+
     t.raw_model.register_forward_hook(poison)
     before = {k: v.clone() for k, v in t.raw_model.state_dict().items()}
     with pytest.raises(TrainingDiverged, match=r"at step (\d+)") as e:
@@ -314,7 +355,7 @@ def test_nan_stops_the_run_and_keeps_the_last_good_checkpoint(chars, tmp_path):
     assert step == 6
     ck = load_checkpoint(tmp_path)
     assert ck.iter == 4 and all(torch.isfinite(v).all() for v in ck.model.state_dict().values())
-    assert all(torch.isfinite(p).all() for p in t.raw_model.parameters())   # the NaN step was never applied
+    assert all(torch.isfinite(p).all() for p in t.raw_model.parameters())  # the NaN step was never applied
     assert any(not torch.equal(before[k], v) for k, v in t.raw_model.state_dict().items())
 
 
@@ -358,7 +399,7 @@ def test_kill_during_save_leaves_a_loadable_checkpoint(tmp_path, delay):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-c", _SAVER, str(tmp_path)], stdout=subprocess.PIPE, text=True, env=env)
     try:
-        for line in proc.stdout:        # wait until save 2 is complete and save 3 has begun
+        for line in proc.stdout:  # wait until save 2 is complete and save 3 has begun
             if line.split() == ["begin", "3"]:
                 break
         time.sleep(delay)
@@ -370,7 +411,7 @@ def test_kill_during_save_leaves_a_loadable_checkpoint(tmp_path, delay):
     ck = load_checkpoint(tmp_path)
     assert ck.iter in (2, 3)
     assert all(torch.all(v == ck.iter) for v in ck.model.state_dict().values())
-    for folder in list_checkpoints(tmp_path):       # every folder named ckpt_* is complete
+    for folder in list_checkpoints(tmp_path):  # every folder named ckpt_* is complete
         assert all((folder / f).is_file() for f in CKPT_FILES)
     # the next save cleans up what the killed one left behind
     save_checkpoint(tmp_path, 4, ck.model, keep_last=1)

@@ -16,47 +16,63 @@ def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
     return e / e.sum(axis=axis, keepdims=True)
 
 # %% ../../nbs/03_attention.ipynb #df23431e
-def scaled_dot_product_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
+def scaled_dot_product_attention(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None = None
+) -> np.ndarray:
     "softmax(q k^T / sqrt(d_k)) v over the key axis; q (..., T_q, d_k), k (..., T_k, d_k), v (..., T_k, d_v); mask True = keep."
     d_k = q.shape[-1]
     # a Python float keeps float32 inputs float32 (a NumPy float64 scalar would upcast under NumPy 2)
-    scores = q @ np.swapaxes(k, -1, -2) / d_k ** 0.5  # (..., T_q, T_k)
-    if mask is not None: scores = np.where(mask, scores, -np.inf)
-    return softmax(scores, axis=-1) @ v                  # (..., T_q, d_v)
+    scores = q @ np.swapaxes(k, -1, -2) / d_k**0.5  # (..., T_q, T_k)
+    if mask is not None:
+        scores = np.where(mask, scores, -np.inf)
+    return softmax(scores, axis=-1) @ v  # (..., T_q, d_v)
 
 # %% ../../nbs/03_attention.ipynb #f2986371
 def causal_mask(T_q: int, T_k: int | None = None) -> np.ndarray:
     "Bool (T_q, T_k): True where query i (at absolute position T_k - T_q + i) may attend to key j."
     T_k = T_q if T_k is None else T_k
-    if T_q > T_k: raise ValueError(f"T_q={T_q} queries but only T_k={T_k} keys: the keys must include every query position")
+    if T_q > T_k:
+        raise ValueError(f"T_q={T_q} queries but only T_k={T_k} keys: the keys must include every query position")
     return np.tril(np.ones((T_q, T_k), dtype=bool), k=T_k - T_q)
 
 # %% ../../nbs/03_attention.ipynb #dc0b4c70
 from . import positions as scratch_positions
 
+
 def _check_heads(d_model, n_heads, n_kv_heads):
     if d_model % n_heads:
-        raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}: each head gets d_model // n_heads features; pick n_heads dividing {d_model}")
+        raise ValueError(
+            f"d_model={d_model} is not divisible by n_heads={n_heads}: each head gets d_model // n_heads features; pick n_heads dividing {d_model}"
+        )
     if n_heads % n_kv_heads:
-        raise ValueError(f"n_heads={n_heads} is not divisible by n_kv_heads={n_kv_heads}: each k/v head serves n_heads // n_kv_heads query heads; pick n_kv_heads dividing {n_heads}")
+        raise ValueError(
+            f"n_heads={n_heads} is not divisible by n_kv_heads={n_kv_heads}: each k/v head serves n_heads // n_kv_heads query heads; pick n_kv_heads dividing {n_heads}"
+        )
 
-def multi_head_attention(x, c_attn_w, c_attn_b, c_proj_w, c_proj_b, n_heads: int, n_kv_heads: int | None = None, rope=None):
+
+def multi_head_attention(
+    x, c_attn_w, c_attn_b, c_proj_w, c_proj_b, n_heads: int, n_kv_heads: int | None = None, rope=None
+):
     "Causal multi-head (grouped-query if n_kv_heads < n_heads) self-attention of x (B, T, d_model); weights in nn.Linear layout (out, in)."
     B, T, d_model = x.shape
     n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
     _check_heads(d_model, n_heads, n_kv_heads)
     head_dim = d_model // n_heads
-    qkv = x @ c_attn_w.T                                           # (B, T, (n_heads + 2 n_kv_heads) head_dim)
-    if c_attn_b is not None: qkv = qkv + c_attn_b
+    qkv = x @ c_attn_w.T  # (B, T, (n_heads + 2 n_kv_heads) head_dim)
+    if c_attn_b is not None:
+        qkv = qkv + c_attn_b
     q_end, k_end = n_heads * head_dim, (n_heads + n_kv_heads) * head_dim
-    q = qkv[..., :q_end].reshape(B, T, n_heads, head_dim).transpose(0, 2, 1, 3)          # (B, n_heads, T, head_dim)
+    q = qkv[..., :q_end].reshape(B, T, n_heads, head_dim).transpose(0, 2, 1, 3)  # (B, n_heads, T, head_dim)
     k = qkv[..., q_end:k_end].reshape(B, T, n_kv_heads, head_dim).transpose(0, 2, 1, 3)  # (B, n_kv_heads, T, head_dim)
-    v = qkv[..., k_end:].reshape(B, T, n_kv_heads, head_dim).transpose(0, 2, 1, 3)       # (B, n_kv_heads, T, head_dim)
-    if rope is not None:                                           # rotate queries and keys, never values
+    v = qkv[..., k_end:].reshape(B, T, n_kv_heads, head_dim).transpose(0, 2, 1, 3)  # (B, n_kv_heads, T, head_dim)
+    if rope is not None:  # rotate queries and keys, never values
         q, k = scratch_positions.apply_rope(q, *rope), scratch_positions.apply_rope(k, *rope)
     group = n_heads // n_kv_heads
-    k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)  # (B, n_heads, T, head_dim): head h reads kv head h // group
-    y = scaled_dot_product_attention(q, k, v, causal_mask(T))    # (B, n_heads, T, head_dim)
-    y = y.transpose(0, 2, 1, 3).reshape(B, T, d_model)           # heads side by side again: the concatenation
+    k, v = (
+        np.repeat(k, group, axis=1),
+        np.repeat(v, group, axis=1),
+    )  # (B, n_heads, T, head_dim): head h reads kv head h // group
+    y = scaled_dot_product_attention(q, k, v, causal_mask(T))  # (B, n_heads, T, head_dim)
+    y = y.transpose(0, 2, 1, 3).reshape(B, T, d_model)  # heads side by side again: the concatenation
     y = y @ c_proj_w.T
-    return y if c_proj_b is None else y + c_proj_b               # (B, T, d_model)
+    return y if c_proj_b is None else y + c_proj_b  # (B, T, d_model)

@@ -13,6 +13,7 @@ def init_embedding(vocab_size: int, d_model: int, rng: np.random.Generator, dtyp
     "A (vocab_size, d_model) table of Gaussians with std 1/sqrt(d_model), so each row has norm about 1."
     return (rng.standard_normal((vocab_size, d_model)) / np.sqrt(d_model)).astype(dtype)
 
+
 def embed(table: np.ndarray, ids) -> np.ndarray:
     "Look up the rows of `ids` (any shape, e.g. (B, T)) in `table`: result ids.shape + (d_model,)."
     ids = np.asarray(ids)
@@ -21,6 +22,8 @@ def embed(table: np.ndarray, ids) -> np.ndarray:
     vocab_size = table.shape[0]
     if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
         bad = ids[(ids < 0) | (ids >= vocab_size)].flat[0]
-        raise ValueError(f"token id {bad} is outside the table: ids must be in 0..{vocab_size - 1} "
-                         f"(vocab_size={vocab_size}); was the text tokenized with a different vocabulary?")
+        raise ValueError(
+            f"token id {bad} is outside the table: ids must be in 0..{vocab_size - 1} "
+            f"(vocab_size={vocab_size}); was the text tokenized with a different vocabulary?"
+        )
     return table[ids.astype(np.intp, copy=False)]  # (*ids.shape, d_model); an empty list arrives as float64

@@ -14,9 +14,11 @@ from .attention import multi_head_attention
 
 _erf = np.vectorize(math.erf, otypes=[np.float64])  # NumPy has no erf; math.erf is exact to float64
 
+
 def gelu(x: np.ndarray) -> np.ndarray:
     "Exact GELU, x * Phi(x) with Phi the standard normal CDF. Example: gelu(0) = 0, gelu(1) = 0.8413."
     return (0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)))).astype(x.dtype)
+
 
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
     "GPT-2's tanh approximation of GELU."
@@ -28,16 +30,19 @@ def linear(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndar
     y = x @ w.T
     return y if b is None else y + b
 
+
 def feed_forward(x, c_fc_w, c_fc_b, c_proj_w, c_proj_b, activation: str = "gelu_tanh") -> np.ndarray:
     "GPT-2's position-wise MLP on x (..., d_model); biases may be None."
     act = {"gelu": gelu, "gelu_tanh": gelu_tanh}.get(activation)
-    if act is None: raise ValueError(f"activation={activation!r} is not one of 'gelu', 'gelu_tanh'")
+    if act is None:
+        raise ValueError(f"activation={activation!r} is not one of 'gelu', 'gelu_tanh'")
     return linear(act(linear(x, c_fc_w, c_fc_b)), c_proj_w, c_proj_b)  # (..., d_model)
 
 # %% ../../nbs/05_blocks.ipynb #7c89a7ca
 def silu(x: np.ndarray) -> np.ndarray:
     "SiLU (swish), x * sigmoid(x); sigmoid written with tanh so that it never overflows."
     return x * 0.5 * (1.0 + np.tanh(0.5 * x))
+
 
 def swiglu(x, gate_w, up_w, down_w, gate_b=None, up_b=None, down_b=None) -> np.ndarray:
     "Llama's gated FFN: down(silu(gate(x)) * up(x)), weights in nn.Linear layout."
@@ -46,36 +51,57 @@ def swiglu(x, gate_w, up_w, down_w, gate_b=None, up_b=None, down_b=None) -> np.n
 # %% ../../nbs/05_blocks.ipynb #babf10f8
 def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None, eps: float = 1e-5) -> np.ndarray:
     "Normalize each vector along the last axis to mean 0, variance 1 (biased), then scale by weight and shift by bias."
-    mu = x.mean(-1, keepdims=True)                   # (..., 1)
-    var = ((x - mu) ** 2).mean(-1, keepdims=True)    # (..., 1): divide by d, not d - 1
-    y = (x - mu) / np.sqrt(var + eps) * weight       # (..., d)
+    mu = x.mean(-1, keepdims=True)  # (..., 1)
+    var = ((x - mu) ** 2).mean(-1, keepdims=True)  # (..., 1): divide by d, not d - 1
+    y = (x - mu) / np.sqrt(var + eps) * weight  # (..., d)
     return y if bias is None else y + bias
 
 # %% ../../nbs/05_blocks.ipynb #2f575865
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float = 1e-5) -> np.ndarray:
     "Divide each vector along the last axis by its root mean square, then scale by weight."
     rms = np.sqrt((x**2).mean(-1, keepdims=True) + eps)  # (..., 1)
-    return x / rms * weight                                # (..., d)
+    return x / rms * weight  # (..., d)
 
 # %% ../../nbs/05_blocks.ipynb #d50ea5f1
 def _norm(x, params, name, norm, eps):
-    if norm == "layernorm": return layer_norm(x, params[f"{name}.weight"], params.get(f"{name}.bias"), eps)
-    if norm == "rmsnorm": return rms_norm(x, params[f"{name}.weight"], eps)
+    if norm == "layernorm":
+        return layer_norm(x, params[f"{name}.weight"], params.get(f"{name}.bias"), eps)
+    if norm == "rmsnorm":
+        return rms_norm(x, params[f"{name}.weight"], eps)
     raise ValueError(f"norm={norm!r} is not one of ('layernorm', 'rmsnorm')")
+
 
 def _ffn(x, params, ffn):
     g = lambda name: params.get(f"mlp.{name}")
     if ffn == "swiglu":
-        return swiglu(x, g("gate_proj.weight"), g("up_proj.weight"), g("down_proj.weight"),
-                      g("gate_proj.bias"), g("up_proj.bias"), g("down_proj.bias"))
+        return swiglu(
+            x,
+            g("gate_proj.weight"),
+            g("up_proj.weight"),
+            g("down_proj.weight"),
+            g("gate_proj.bias"),
+            g("up_proj.bias"),
+            g("down_proj.bias"),
+        )
     return feed_forward(x, g("c_fc.weight"), g("c_fc.bias"), g("c_proj.weight"), g("c_proj.bias"), ffn)
 
-def block(x: np.ndarray, params: dict, n_heads: int, n_kv_heads: int | None = None, norm: str = "layernorm",
-          norm_position: str = "pre", ffn: str = "gelu_tanh", norm_eps: float = 1e-5, rope=None) -> np.ndarray:
+
+def block(
+    x: np.ndarray,
+    params: dict,
+    n_heads: int,
+    n_kv_heads: int | None = None,
+    norm: str = "layernorm",
+    norm_position: str = "pre",
+    ffn: str = "gelu_tanh",
+    norm_eps: float = 1e-5,
+    rope=None,
+) -> np.ndarray:
     "One transformer block on x (B, T, d_model); `params` holds the arrays of `Block.state_dict()` by name."
     g = lambda name: params.get(f"attn.{name}")
-    attn = lambda h: multi_head_attention(h, g("c_attn.weight"), g("c_attn.bias"), g("c_proj.weight"), g("c_proj.bias"),
-                                          n_heads, n_kv_heads, rope)
+    attn = lambda h: multi_head_attention(
+        h, g("c_attn.weight"), g("c_attn.bias"), g("c_proj.weight"), g("c_proj.bias"), n_heads, n_kv_heads, rope
+    )
     if norm_position == "pre":
         x = x + attn(_norm(x, params, "ln_1", norm, norm_eps))
         return x + _ffn(_norm(x, params, "ln_2", norm, norm_eps), params, ffn)

@@ -12,42 +12,65 @@ import numpy as np
 from . import layers as scratch_layers
 from . import positions as scratch_positions
 
-_FIELDS = ("vocab_size", "max_seq_len", "n_layers", "n_heads", "d_model", "n_kv_heads", "norm", "norm_position",
-           "positions", "ffn", "tie_weights", "rope_base", "norm_eps")
+_FIELDS = (
+    "vocab_size",
+    "max_seq_len",
+    "n_layers",
+    "n_heads",
+    "d_model",
+    "n_kv_heads",
+    "norm",
+    "norm_position",
+    "positions",
+    "ffn",
+    "tie_weights",
+    "rope_base",
+    "norm_eps",
+)
+
 
 def _field(config, name):
     "A field of a GPTConfig-like object or of the dict GPTConfig.to_dict() writes."
-    try: return config[name] if isinstance(config, dict) else getattr(config, name)
-    except (KeyError, AttributeError): raise ValueError(f"config has no field {name!r}: pass a GPTConfig or its to_dict()") from None
+    try:
+        return config[name] if isinstance(config, dict) else getattr(config, name)
+    except (KeyError, AttributeError):
+        raise ValueError(f"config has no field {name!r}: pass a GPTConfig or its to_dict()") from None
+
 
 def forward(params: dict, idx, config) -> np.ndarray:
     "Logits (B, T, vocab_size) of the GPT described by config; params are NumPy arrays keyed exactly like GPT.state_dict()."
     c = {name: _field(config, name) for name in _FIELDS}
     idx = np.asarray(idx)
-    if idx.ndim != 2: raise ValueError(f"idx must be (B, T) token ids, got shape {idx.shape}")
+    if idx.ndim != 2:
+        raise ValueError(f"idx must be (B, T) token ids, got shape {idx.shape}")
     B, T = idx.shape
-    wte = params["wte.weight"]                                       # (vocab_size, d_model)
-    if idx.size == 0: return np.zeros((B, T, c["vocab_size"]), wte.dtype)  # no tokens, no logits (as the torch model)
+    wte = params["wte.weight"]  # (vocab_size, d_model)
+    if idx.size == 0:
+        return np.zeros((B, T, c["vocab_size"]), wte.dtype)  # no tokens, no logits (as the torch model)
     if idx.min() < 0 or idx.max() >= c["vocab_size"]:
         raise ValueError(f"token ids must be in 0..{c['vocab_size'] - 1}, got ids from {idx.min()} to {idx.max()}")
-    x, rope = wte[idx], None                                         # (B, T, d_model)
+    x, rope = wte[idx], None  # (B, T, d_model)
     if c["positions"] == "learned":
         if T > c["max_seq_len"]:
             raise ValueError(f"T={T} exceeds max_seq_len={c['max_seq_len']}: a learned table has no rows beyond it")
-        x = x + params["wpe.weight"][:T]                             # (T, d_model), broadcast over B
+        x = x + params["wpe.weight"][:T]  # (T, d_model), broadcast over B
     elif c["positions"] == "sinusoidal":
         x = x + scratch_positions.sinusoidal_table(T, c["d_model"]).astype(wte.dtype)  # (T, d_model)
     elif c["positions"] == "rope":
         cos, sin = scratch_positions.rope_angles(T, c["d_model"] // c["n_heads"], c["rope_base"])
-        rope = cos.astype(wte.dtype), sin.astype(wte.dtype)          # each (T, head_dim / 2)
+        rope = cos.astype(wte.dtype), sin.astype(wte.dtype)  # each (T, head_dim / 2)
     elif c["positions"] != "none":
         raise ValueError(f"positions={c['positions']!r} is not one of ('learned', 'sinusoidal', 'rope', 'none')")
     for i in range(c["n_layers"]):
         prefix = f"blocks.{i}."
-        p = {k[len(prefix):]: v for k, v in params.items() if k.startswith(prefix)}
-        x = scratch_layers.block(x, p, c["n_heads"], c["n_kv_heads"], c["norm"], c["norm_position"], c["ffn"], c["norm_eps"], rope)
-    if c["norm_position"] == "pre":                                  # post-norm blocks end in a norm already
-        if c["norm"] == "layernorm": x = scratch_layers.layer_norm(x, params["ln_f.weight"], params.get("ln_f.bias"), c["norm_eps"])
-        else: x = scratch_layers.rms_norm(x, params["ln_f.weight"], c["norm_eps"])
-    head = wte if c["tie_weights"] else params["lm_head.weight"]     # (vocab_size, d_model)
-    return x @ head.T                                                # (B, T, vocab_size)
+        p = {k[len(prefix) :]: v for k, v in params.items() if k.startswith(prefix)}
+        x = scratch_layers.block(
+            x, p, c["n_heads"], c["n_kv_heads"], c["norm"], c["norm_position"], c["ffn"], c["norm_eps"], rope
+        )
+    if c["norm_position"] == "pre":  # post-norm blocks end in a norm already
+        if c["norm"] == "layernorm":
+            x = scratch_layers.layer_norm(x, params["ln_f.weight"], params.get("ln_f.bias"), c["norm_eps"])
+        else:
+            x = scratch_layers.rms_norm(x, params["ln_f.weight"], c["norm_eps"])
+    head = wte if c["tie_weights"] else params["lm_head.weight"]  # (vocab_size, d_model)
+    return x @ head.T  # (B, T, vocab_size)

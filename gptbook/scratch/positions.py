@@ -13,21 +13,25 @@ def learned_positions(table: np.ndarray, T: int, start: int = 0) -> np.ndarray:
     "Rows start..start+T-1 of a learned (max_seq_len, d_model) position table."
     max_seq_len = table.shape[0]
     if T < 0 or start < 0 or start + T > max_seq_len:
-        raise ValueError(f"positions {start}..{start + T - 1} (T={T}) do not fit the learned table of "
-                         f"max_seq_len={max_seq_len}: crop the input to {max_seq_len} tokens "
-                         f"or use a larger max_seq_len (a learned table has no rows beyond it)")
-    return table[start:start + T]  # (T, d_model)
+        raise ValueError(
+            f"positions {start}..{start + T - 1} (T={T}) do not fit the learned table of "
+            f"max_seq_len={max_seq_len}: crop the input to {max_seq_len} tokens "
+            f"or use a larger max_seq_len (a learned table has no rows beyond it)"
+        )
+    return table[start : start + T]  # (T, d_model)
 
 # %% ../../nbs/04_positions.ipynb #e10520a2
 def _check_even(name: str, value: int):
-    if value % 2: raise ValueError(f"{name}={value} is odd: sin/cos and RoPE work on pairs of dimensions, use an even {name}")
+    if value % 2:
+        raise ValueError(f"{name}={value} is odd: sin/cos and RoPE work on pairs of dimensions, use an even {name}")
+
 
 def sinusoidal_table(max_seq_len: int, d_model: int, base: float = 10000.0) -> np.ndarray:
     "Fixed (max_seq_len, d_model) float32 table: PE[p, 2i] = sin(p / base^(2i/d_model)), PE[p, 2i+1] = cos(...)."
     _check_even("d_model", d_model)
-    p = np.arange(max_seq_len, dtype=np.float64)[:, None]                   # (T, 1)
+    p = np.arange(max_seq_len, dtype=np.float64)[:, None]  # (T, 1)
     omega = base ** (-np.arange(0, d_model, 2, dtype=np.float64) / d_model)  # (d_model/2,)
-    angle = p * omega                                                        # (T, d_model/2)
+    angle = p * omega  # (T, d_model/2)
     pe = np.empty((max_seq_len, d_model), dtype=np.float64)
     pe[:, 0::2], pe[:, 1::2] = np.sin(angle), np.cos(angle)
     return pe.astype(np.float32)
@@ -36,16 +40,20 @@ def sinusoidal_table(max_seq_len: int, d_model: int, base: float = 10000.0) -> n
 def rope_angles(max_seq_len: int, head_dim: int, base: float = 10000.0, dtype=np.float32):
     "(cos, sin), each (max_seq_len, head_dim // 2), of the angles p * base^(-2k / head_dim)."
     _check_even("head_dim", head_dim)
-    p = np.arange(max_seq_len, dtype=np.float64)[:, None]                      # (T, 1)
+    p = np.arange(max_seq_len, dtype=np.float64)[:, None]  # (T, 1)
     theta = base ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)  # (head_dim/2,)
-    angle = p * theta                                                          # (T, head_dim/2)
+    angle = p * theta  # (T, head_dim/2)
     return np.cos(angle).astype(dtype), np.sin(angle).astype(dtype)
+
 
 def _check_rope_shapes(x, cos, sin):
     T, d = x.shape[-2], x.shape[-1]
     if cos.shape != sin.shape or cos.shape[-1] * 2 != d or cos.shape[-2] != T:
-        raise ValueError(f"x has T={T}, head_dim={d}, so cos and sin must be ({T}, {d // 2}); got "
-                         f"cos {tuple(cos.shape)}, sin {tuple(sin.shape)}: slice the tables to the positions of x")
+        raise ValueError(
+            f"x has T={T}, head_dim={d}, so cos and sin must be ({T}, {d // 2}); got "
+            f"cos {tuple(cos.shape)}, sin {tuple(sin.shape)}: slice the tables to the positions of x"
+        )
+
 
 def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     "Rotate each pair (2k, 2k+1) of x (..., T, head_dim) by the angle whose cos/sin are (T, head_dim//2)."
@@ -63,8 +71,9 @@ def apply_rope_halves(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.nda
     _check_rope_shapes(x, cos, sin)
     cos, sin = cos.astype(x.dtype), sin.astype(x.dtype)
     h = x.shape[-1] // 2
-    x1, x2 = x[..., :h], x[..., h:]                                   # pair k is (x1[k], x2[k])
+    x1, x2 = x[..., :h], x[..., h:]  # pair k is (x1[k], x2[k])
     return np.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
+
 
 def rope_halves_to_interleaved(head_dim: int) -> np.ndarray:
     "Permutation of one head's features from split-halves to interleaved pairing. Example: 6 -> [0, 3, 1, 4, 2, 5]."
