@@ -27,14 +27,14 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from .data import TokenData, get_batch, load_token_data
-from .model import GPT, GPTConfig
+from .model import GPT, GPTConfig, autocast, pick_device, pick_dtype
 from .tokenizer import CharTokenizer
 
 # %% auto #0
-__all__ = ['CKPT_PREFIX', 'CKPT_FILES', 'PRESETS', 'lm_loss', 'lr_at', 'param_groups', 'make_optimizer', 'pick_device',
-           'pick_dtype', 'autocast', 'TrainConfig', 'list_checkpoints', 'save_checkpoint', 'find_checkpoint',
-           'checkpoint_state', 'Checkpoint', 'load_checkpoint', 'patch_to', 'TrainingDiverged', 'Trainer',
-           'read_metrics', 'plot_metrics', 'init_distributed', 'model_config_for', 'train']
+__all__ = ['CKPT_PREFIX', 'CKPT_FILES', 'PRESETS', 'lm_loss', 'lr_at', 'param_groups', 'make_optimizer', 'TrainConfig',
+           'list_checkpoints', 'save_checkpoint', 'find_checkpoint', 'checkpoint_state', 'Checkpoint',
+           'load_checkpoint', 'patch_to', 'TrainingDiverged', 'Trainer', 'read_metrics', 'plot_metrics',
+           'init_distributed', 'model_config_for', 'train']
 
 # %% ../nbs/08_training.ipynb #5fea7ad9
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -71,46 +71,6 @@ def make_optimizer(
     "AdamW over `param_groups(model, weight_decay)`, fused into one kernel on CUDA."
     fused = True if device_type == "cuda" else None
     return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=tuple(betas), fused=fused)
-
-# %% ../nbs/08_training.ipynb #bf0192dd
-def pick_device(device: str = "auto") -> torch.device:
-    "`'auto'`: CUDA if present, else Apple's MPS, else the CPU; any other string goes to `torch.device`."
-    if device == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    try:
-        d = torch.device(device)
-    except RuntimeError as e:
-        raise ValueError(f"unknown device {device!r}: use 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'") from e
-    if d.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} was asked for, but this PyTorch sees no CUDA GPU; use 'cpu' or 'auto'")
-    if d.type == "mps" and not (getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()):
-        raise ValueError(f"device {device!r} was asked for, but Apple's MPS is not available here; use 'cpu' or 'auto'")
-    return d
-
-
-def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    "`'auto'`: bfloat16 on a CUDA GPU that supports it, float32 elsewhere; or 'float32' / 'bfloat16' explicitly."
-    if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
-    if dtype in ("float32", "fp32"):
-        return torch.float32
-    if dtype in ("bfloat16", "bf16"):
-        return torch.bfloat16
-    if dtype in ("float16", "fp16"):
-        raise ValueError(
-            "dtype 'float16' needs loss scaling (a GradScaler), which this trainer leaves out; "
-            "use 'bfloat16', which has float32's exponent range and needs none"
-        )
-    raise ValueError(f"unknown dtype {dtype!r}: use 'auto', 'float32' or 'bfloat16'")
-
-
-def autocast(device: torch.device, dtype: torch.dtype):
-    "Mixed precision for the forward pass when `dtype` is not float32; the weights stay float32."
-    return nullcontext() if dtype == torch.float32 else torch.autocast(device_type=device.type, dtype=dtype)
 
 # %% ../nbs/08_training.ipynb #9f0fda47
 @dataclass
