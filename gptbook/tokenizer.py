@@ -377,7 +377,6 @@ def apply_merges(data: bytes, merges: dict) -> list[int]:
     return _merge_short(ids, merges) if len(ids) <= 40 else _merge_long(ids, merges)
 
 # %% ../nbs/01_tokenizer.ipynb #e4a9d3b1
-#| code-fold: true
 def _merge_table(merges) -> tuple[dict, dict]:
     "Checked `{pair: new_id}` and `{id: bytes}` from merges given as `{pair: new_id}` or as pairs in merge order."
     pairs = list(merges.items()) if isinstance(merges, dict) else [(tuple(p), 256 + i) for i, p in enumerate(merges)]
@@ -444,7 +443,6 @@ class _ChunkCache(dict):
         return ids
 
 # %% ../nbs/01_tokenizer.ipynb #c96da400
-#| code-fold: true
 class BPETokenizer:
     "Byte-level BPE: learned merges, an optional pre-tokenization regex, and special tokens."
 
