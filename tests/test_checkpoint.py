@@ -140,7 +140,9 @@ def test_round_trip_restores_weights_optimizer_and_every_rng(tmp_path):
 
 def test_tied_head_is_stored_once_and_nothing_is_a_pickle(tmp_path):
     model = tiny_gpt()
-    folder = save_checkpoint(tmp_path, 1, model, stepped_adamw(model), torch.Generator(), tokenizer=CharTokenizer.train("ab"))
+    folder = save_checkpoint(
+        tmp_path, 1, model, stepped_adamw(model), torch.Generator(), tokenizer=CharTokenizer.train("ab")
+    )
     assert sorted(p.name for p in folder.iterdir()) == sorted(CKPT_FILES + ("tokenizer.json",))
     for f in folder.iterdir():  # safetensors (8-byte header length, then JSON) and JSON only
         head = f.read_bytes()[:16]
