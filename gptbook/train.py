@@ -21,16 +21,8 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from gptbook.checkpoint import (
-    atomic_write,
-    checkpoint_state,
-    clear_checkpoints,
-    list_checkpoints,
-    load_optimizer_state,
-    load_weights,
-    restore_rng,
-    save_checkpoint,
-)
+from .checkpoint import atomic_write, checkpoint_state, clear_checkpoints, list_checkpoints
+from .checkpoint import load_optimizer_state, load_weights, restore_rng, save_checkpoint
 from .data import TokenData, get_batch, load_token_data
 from .model import GPT, GPTConfig, autocast, lm_loss, pick_device, pick_dtype
 from .options import OptionError, Options, option
