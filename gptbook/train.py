@@ -26,7 +26,7 @@ from .checkpoint import load_optimizer_state, load_weights, restore_rng, save_ch
 from .data import TokenData, get_batch, load_token_data
 from .model import GPT, GPTConfig, autocast, lm_loss, pick_device, pick_dtype
 from .options import OptionError, Options, option
-from .tokenizer import BPETokenizer, CharTokenizer
+from .tokenizer import load_tokenizer
 
 # %% auto #0
 __all__ = ['lr_at', 'param_groups', 'make_optimizer', 'TrainConfig', 'save_run_config', 'load_run_config', 'Checkpoint',
@@ -157,13 +157,9 @@ def load_run_config(path) -> tuple[TrainConfig, GPTConfig | None]:
 # %% ../nbs/08_training.ipynb #eb8af09a
 def _load_tokenizer(folder: Path, state: dict):
     "The tokenizer saved in the checkpoint `folder` whose `state.json` is `state` (None if it has none)."
-    kinds = {"CharTokenizer": CharTokenizer, "BPETokenizer": BPETokenizer}
-    name = state.get("tokenizer")
-    if name is None:
+    if state.get("tokenizer") is None:
         return None
-    if name not in kinds:
-        raise ValueError(f"{folder} holds a tokenizer of unknown type {name!r}")
-    return kinds[name].load(folder / "tokenizer.json")
+    return load_tokenizer(folder / "tokenizer.json")  # the file names its own type
 
 
 @dataclass
