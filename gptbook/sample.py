@@ -19,7 +19,6 @@ __all__ = ['SamplingConfig', 'apply_temperature', 'top_k_filter', 'top_p_filter'
            'filter_logits', 'sample_next_token', 'generate_steps', 'pad_prompts', 'generate', 'token_bytes', 'stream']
 
 # %% ../nbs/09_sampling.ipynb #d4129d96
-#| code-fold: true
 @dataclasses.dataclass
 class SamplingConfig(Options):
     "How one call of `generate` or `stream` turns logits into tokens, checked once when made (HF: GenerationConfig)."
@@ -238,7 +237,6 @@ def _sample_next_token(logits, config: SamplingConfig, generator):
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # (B,)
 
 # %% ../nbs/09_sampling.ipynb #11ea95a3
-#| code-fold: true
 # The defaults of the settings keywords of generate, generate_steps and stream (a test checks the signatures).
 _KEYWORD_DEFAULTS = dict(
     max_new_tokens=None,  # None: the config's (500 by default)
@@ -254,6 +252,7 @@ _KEYWORD_DEFAULTS = dict(
 
 
 def _is_default(value, default) -> bool:
+    "Is a keyword's value its default? By identity, or equal and of the same type (so 1 overrides 1.0)."
     return value is default or (type(value) is type(default) and value == default)
 
 
@@ -308,6 +307,40 @@ def _check_call(model, idx, config: SamplingConfig) -> None:
     for s in config.stop or ():
         if vocab_size is not None and s >= vocab_size:
             raise OptionError("stop", f"stop token id {s} is outside the model's vocabulary 0..{vocab_size - 1}")
+
+
+def _prompt_lengths(idx, attention_mask):
+    "Number of real tokens in each row of a left-padded batch (B,)."
+    if attention_mask is None:
+        return torch.full((idx.size(0),), idx.size(1), dtype=torch.long, device=idx.device)
+    if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != idx.shape:
+        raise ValueError(
+            f"attention_mask must be a tensor of idx's shape {tuple(idx.shape)} "
+            f"(1 = token, 0 = left padding), got {getattr(attention_mask, 'shape', attention_mask)}"
+        )
+    m = attention_mask.to(device=idx.device, dtype=torch.long)
+    if not ((m == 0) | (m == 1)).all():
+        raise ValueError("attention_mask must contain only 0 (padding) and 1 (token)")
+    if not (m[:, 1:] >= m[:, :-1]).all():
+        raise ValueError(
+            "attention_mask must be left padding (zeros only before the ones in each row): "
+            "pad prompts on the left, e.g. with pad_prompts"
+        )
+    lengths = m.sum(1)  # (B,)
+    if (lengths == 0).any():
+        raise ValueError(f"row {int((lengths == 0).nonzero()[0])} of the batch is an empty prompt (all padding)")
+    return lengths
+
+
+def _encode_prompt(model, tokenizer, prompt: str) -> torch.Tensor:
+    "The text `prompt` as token ids (1, T) on the model's device."
+    if not isinstance(prompt, str):
+        raise TypeError(f"prompt must be a str, got {type(prompt).__name__}")
+    if not prompt:
+        raise ValueError("empty prompt: give at least one character to continue (e.g. a newline)")
+    ids = tokenizer.encode(prompt)  # a CharTokenizer names any character it does not know
+    p = next(iter(model.parameters()), None)
+    return torch.tensor([ids], dtype=torch.long, device=p.device if p is not None else "cpu")  # (1, T)
 
 # %% ../nbs/09_sampling.ipynb #8bbac01f
 def _last_logits(model, seq, cache, max_seq_len: int, use_cache: bool):
@@ -383,53 +416,29 @@ def pad_prompts(prompts, pad_id: int = 0, device=None) -> tuple[torch.Tensor, to
     return idx, mask
 
 # %% ../nbs/09_sampling.ipynb #efefb07c
-#| code-fold: true
-def _prompt_lengths(idx, attention_mask):
-    "Number of real tokens in each row of a left-padded batch (B,)."
-    if attention_mask is None:
-        return torch.full((idx.size(0),), idx.size(1), dtype=torch.long, device=idx.device)
-    if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != idx.shape:
-        raise ValueError(
-            f"attention_mask must be a tensor of idx's shape {tuple(idx.shape)} "
-            f"(1 = token, 0 = left padding), got {getattr(attention_mask, 'shape', attention_mask)}"
-        )
-    m = attention_mask.to(device=idx.device, dtype=torch.long)
-    if not ((m == 0) | (m == 1)).all():
-        raise ValueError("attention_mask must contain only 0 (padding) and 1 (token)")
-    if not (m[:, 1:] >= m[:, :-1]).all():
-        raise ValueError(
-            "attention_mask must be left padding (zeros only before the ones in each row): "
-            "pad prompts on the left, e.g. with pad_prompts"
-        )
-    lengths = m.sum(1)  # (B,)
-    if (lengths == 0).any():
-        raise ValueError(f"row {int((lengths == 0).nonzero()[0])} of the batch is an empty prompt (all padding)")
-    return lengths
-
-
-def _collect_new_tokens(steps, prompt_left, n: int, stop: tuple[int, ...] | None):
-    "Each row's new tokens (B, n) and their number (B,): n, or fewer once the row made a stop token."
+def _collect_new_tokens(steps, prompt_left, max_new_tokens: int, stop: tuple[int, ...] | None):
+    "Each row's new tokens (B, max_new_tokens) and how many it got (B,): fewer once it made a stop token."
     B, device = prompt_left.size(0), prompt_left.device
     stop_ids = None if stop is None else torch.tensor(stop, device=device)
-    new = torch.zeros((B, n), dtype=torch.long, device=device)
+    new = torch.zeros((B, max_new_tokens), dtype=torch.long, device=device)
     n_new = torch.zeros(B, dtype=torch.long, device=device)  # new tokens so far, per row
     finished = torch.zeros(B, dtype=torch.bool, device=device)  # produced a stop token
     rows = torch.arange(B, device=device)
     for s, (tok, _) in enumerate(steps):
-        active = (s >= prompt_left) & (n_new < n) & ~finished  # (B,) past its prompt, still going
+        active = (s >= prompt_left) & (n_new < max_new_tokens) & ~finished  # (B,) past its prompt, still going
         new[rows[active], n_new[active]] = tok[active]
         n_new += active.long()
         if stop_ids is not None:
             finished |= active & torch.isin(tok, stop_ids)
-        if bool((finished | (n_new == n)).all()):
+        if bool((finished | (n_new == max_new_tokens)).all()):
             break
     return new, n_new
 
 
 def _fill_after_stop(new, n_new):
-    "Repeat each row's last new token (its stop token) after it, and cut to the longest row. (B, n) -> (B, max n_new)"
+    "Repeat each row's last new token (its stop token) after it, and cut to the longest row. (B, N) -> (B, max n_new)"
     last = new.gather(1, (n_new - 1).clamp(min=0)[:, None])  # (B, 1) each row's last new token
-    after = torch.arange(new.size(1), device=new.device)[None, :] >= n_new[:, None]  # (B, n)
+    after = torch.arange(new.size(1), device=new.device)[None, :] >= n_new[:, None]  # (B, N)
     return torch.where(after, last, new)[:, : int(n_new.max())]
 
 # %% ../nbs/09_sampling.ipynb #5e593efd
@@ -484,23 +493,11 @@ def generate(
     return torch.cat([idx, _fill_after_stop(new, n_new)], dim=1)  # (B, T + longest row)
 
 # %% ../nbs/09_sampling.ipynb #fd59a146
-#| code-fold: true
 def token_bytes(tokenizer, token_id: int) -> bytes:
     "The bytes of one token: `tokenizer.vocab[token_id]` if that is bytes, else the token's decoded text in UTF-8."
     vocab = getattr(tokenizer, "vocab", None)
     b = vocab.get(token_id) if isinstance(vocab, dict) else None
     return b if isinstance(b, bytes) else tokenizer.decode([token_id]).encode("utf-8")
-
-
-def _encode_prompt(model, tokenizer, prompt: str) -> torch.Tensor:
-    "The text `prompt` as token ids (1, T) on the model's device."
-    if not isinstance(prompt, str):
-        raise TypeError(f"prompt must be a str, got {type(prompt).__name__}")
-    if not prompt:
-        raise ValueError("empty prompt: give at least one character to continue (e.g. a newline)")
-    ids = tokenizer.encode(prompt)  # a CharTokenizer names any character it does not know
-    p = next(iter(model.parameters()), None)
-    return torch.tensor([ids], dtype=torch.long, device=p.device if p is not None else "cpu")  # (1, T)
 
 
 def _cut_at_stop(text: str, stop_strings: tuple[str, ...]) -> tuple[str, bool]:
