@@ -15,8 +15,9 @@ import torch
 from .options import OptionError, Options, check_value, field_types, option, split_optional
 
 # %% auto #0
-__all__ = ['SamplingConfig', 'apply_temperature', 'top_k_filter', 'top_p_filter', 'min_p_filter', 'apply_repetition_penalty',
-           'filter_logits', 'sample_next_token', 'generate_steps', 'pad_prompts', 'generate', 'token_bytes', 'stream']
+__all__ = ['SamplingConfig', 'apply_temperature', 'top_k_filter', 'top_p_filter', 'min_p_filter', 'filter_logits',
+           'sample_next_token', 'apply_repetition_penalty', 'generate_steps', 'pad_prompts', 'generate', 'token_bytes',
+           'stream']
 
 # %% ../nbs/09_sampling.ipynb #d4129d96
 @dataclasses.dataclass
@@ -174,19 +175,6 @@ def _min_p_filter(logits, min_p):
     z_max = logits.amax(-1, keepdim=True)  # (..., 1)
     return logits.masked_fill(logits - z_max < math.log(min_p), float("-inf"))
 
-# %% ../nbs/09_sampling.ipynb #99ef61ce
-def apply_repetition_penalty(logits: torch.Tensor, context: torch.Tensor, penalty: float) -> torch.Tensor:
-    "Push down the logits of tokens in `context`. Example: [2., -1., .5], context [0, 1], 2 -> [1., -2., .5]"
-    _check_logits(logits)
-    _check_setting("repetition_penalty", penalty)
-    return _apply_repetition_penalty(logits, context, penalty)
-
-
-def _apply_repetition_penalty(logits, context, penalty):
-    seen = logits.gather(-1, context)  # (..., T) the logit of each context token
-    seen = torch.where(seen > 0, seen / penalty, seen * penalty)
-    return logits.scatter(-1, context, seen)  # a token seen twice is penalised once
-
 # %% ../nbs/09_sampling.ipynb #49354090
 def filter_logits(
     logits: torch.Tensor,
@@ -235,6 +223,19 @@ def _sample_next_token(logits, config: SamplingConfig, generator):
         # Draw on the generator's device, so that a seed gives the same tokens on CPU and GPU.
         return torch.multinomial(probs.to(generator.device), 1, generator=generator).squeeze(-1).to(probs.device)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # (B,)
+
+# %% ../nbs/09_sampling.ipynb #99ef61ce
+def apply_repetition_penalty(logits: torch.Tensor, context: torch.Tensor, penalty: float) -> torch.Tensor:
+    "Push down the logits of tokens in `context`. Example: [2., -1., .5], context [0, 1], 2 -> [1., -2., .5]"
+    _check_logits(logits)
+    _check_setting("repetition_penalty", penalty)
+    return _apply_repetition_penalty(logits, context, penalty)
+
+
+def _apply_repetition_penalty(logits, context, penalty):
+    seen = logits.gather(-1, context)  # (..., T) the logit of each context token
+    seen = torch.where(seen > 0, seen / penalty, seen * penalty)
+    return logits.scatter(-1, context, seen)  # a token seen twice is penalised once
 
 # %% ../nbs/09_sampling.ipynb #11ea95a3
 # The defaults of the settings keywords of generate, generate_steps and stream (a test checks the signatures).
