@@ -1,6 +1,7 @@
 # The nbdev 2 setup.py: every piece of package metadata comes from settings.ini.
 from configparser import ConfigParser
-import setuptools, shlex
+import setuptools
+import shlex
 
 # note: all settings are in settings.ini; edit there, not here
 config = ConfigParser(delimiters=["="])

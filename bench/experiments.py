@@ -2,7 +2,8 @@
 
 Ablations. Small GPTs on Tiny Shakespeare characters, identical except for one switch, each trained from
 3 seeds: pre- vs post-norm; attention with and without the 1/sqrt(d_k) scale; learned, sinusoidal (as GPT
-adds it, and scaled to the embeddings' size), RoPE or no positions; GELU vs SwiGLU (same parameter count); LayerNorm vs RMSNorm; tied vs untied output head.
+adds it, and scaled to the embeddings' size), RoPE or no positions; GELU vs SwiGLU (same parameter count);
+LayerNorm vs RMSNorm; tied vs untied output head.
 Every run uses the real trainer (`gptbook.train.Trainer`: AdamW, warmup + cosine, clipping). Within one
 seed every variant sees the same training batches, so a variant and the reference form a pair; the
 figure of merit is the cross-entropy on the whole validation split (every character predicted once).
@@ -39,8 +40,8 @@ from pathlib import Path
 import torch
 
 from gptbook.data import load_token_data
-from gptbook.model import GPT
-from gptbook.train import TrainConfig, Trainer, TrainingDiverged, model_config_for, train
+from gptbook.model import GPT, GPTConfig
+from gptbook.train import TrainConfig, Trainer, TrainingDiverged, train
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -136,7 +137,7 @@ def unscale_attention(model: GPT) -> list:
 def build_model(variant: str, vocab_size: int, seed: int, model: dict | None = None) -> GPT:
     "The ablation model of `variant` (see VARIANTS), initialized from `seed`."
     spec = VARIANTS[variant]
-    config = model_config_for("baby", vocab_size, **{**ABLATION_MODEL, **(model or {}), **spec["model"]})
+    config = GPTConfig.from_preset("baby", vocab_size, **{**ABLATION_MODEL, **(model or {}), **spec["model"]})
     torch.manual_seed(seed)
     gpt = GPT(config)
     if spec["unscaled"]:
@@ -205,7 +206,7 @@ def run_one(variant: str, seed: int, data, train: dict | None = None, model: dic
         "seed": seed,
         "val_loss": None if val is None else round(val, 5),
         "diverged": diverged,
-        "steps": trainer.iter,
+        "steps": trainer.step,
         "num_params": net.num_params(),
         "curve": {"step": curve_steps, "train_loss": [round(v, 4) for v in curve]},
         "evals": [
@@ -398,12 +399,12 @@ def run_card(name: str, tokenizer: str, bpe_vocab_size: int = 512, steps: int = 
     ms, _ = _timing(trainer.history)
     n_tok, n_chars = val_chars_per_token(data)
     last = trainer.history[-1]
-    whole = full_val_loss(trainer.raw_model, data.val, trainer.context_len)
+    whole = full_val_loss(trainer.model, data.val, trainer.context_len)
     return make_card(
         name,
         tokenizer,
         data.vocab_size,
-        trainer.raw_model.num_params(),
+        trainer.model.num_params(),
         cfg,
         trainer.context_len,
         last["val_loss"],
@@ -484,7 +485,7 @@ def char_card_from_train_json(path: Path = RESULTS / "train.json", steps: int = 
     data = load_token_data("char")
     n_tok, n_chars = val_chars_per_token(data)
     cfg = TrainConfig(max_iters=steps)
-    num_params = GPT(model_config_for("baby", data.vocab_size)).num_params()
+    num_params = GPT(GPTConfig.from_preset("baby", data.vocab_size)).num_params()
     card = make_card(
         "baby-char",
         "char",
@@ -516,7 +517,7 @@ def speed_probe(datasets: dict, steps: int = 20, rounds: int = 5) -> dict:
     try:
         for name, data in datasets.items():
             torch.manual_seed(0)
-            model = GPT(model_config_for("baby", data.vocab_size))
+            model = GPT(GPTConfig.from_preset("baby", data.vocab_size))
             cfg = TrainConfig(out_dir=str(out), device="cpu", dtype="float32", progress=False)
             trainers[name] = Trainer(model, data, cfg, model.config)
             trainers[name].train_step()  # the first step allocates: leave it out

@@ -2,15 +2,16 @@
 
 Every measurement is taken in this one run on this one machine, so the ratios compare like with like:
 
-- training with the GPT-2 regex, vocab 10,000: ours vs HF tokenizers (target: at most 3x HF's time);
+- training with the GPT-2 regex, vocab 10,000: ours vs HF tokenizers (target: at most HF's time);
 - training without pre-tokenization, vocab 1,000: ours vs HF (target: at least 20x faster). HF is
   built for short words and takes minutes on one 1.1 MB "word", so it runs once, in a child process
   with a time cap (--hf-raw-cap); if it hits the cap the table reports a lower bound and says so;
 - training without pre-tokenization, vocab 10,000: ours (target: under 30 s; HF is not run, it
   would take far longer than at vocab 1,000);
 - encoding the whole text with the GPT-2-regex vocab-10,000 tokenizer: ours (cold: a fresh
-  tokenizer, empty chunk cache; warm: second call) vs tiktoken built from the same merges
-  (`to_tiktoken()`), ids checked identical (target: at least 0.25x tiktoken's throughput);
+  tokenizer, whose chunk cache holds only the tokens; warm: second call) vs tiktoken built from
+  the same merges (`to_tiktoken()`), ids checked identical (target: cold, at least 0.5x
+  tiktoken's throughput);
 - peak memory (max RSS of a child process that only imports gptbook.tokenizer and trains; the
   interpreter's own ~20 MB included) for training on the full text (target: under 1 GiB).
 
@@ -32,7 +33,7 @@ RESULTS = Path(__file__).parent / "results" / "tokenizer.json"
 
 
 def shakespeare() -> str:
-    "Tiny Shakespeare; straight from $GPTBOOK_DATA when set, so that a child's memory is not inflated by gptbook.data's imports."
+    "Tiny Shakespeare, straight from $GPTBOOK_DATA when set (gptbook.data's imports would inflate a child's memory)."
     p = Path(os.environ.get("GPTBOOK_DATA", ""))
     p = p / "tinyshakespeare.txt" if p.is_dir() else p
     if p.is_file():
@@ -89,7 +90,7 @@ def run_child(kind, vocab_size, cap=None):
     except subprocess.TimeoutExpired:
         return None
     except subprocess.CalledProcessError as e:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{e.stderr}")
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{e.stderr}") from e
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
@@ -109,8 +110,10 @@ def main():
     if a.child:
         return child(a.child[0], int(a.child[1]))
 
-    import tiktoken, tokenizers
-    from gptbook.tokenizer import BPETokenizer, GPT2_PATTERN
+    import tiktoken
+    import tokenizers
+
+    from gptbook.tokenizer import GPT2_PATTERN, BPETokenizer
 
     text = shakespeare()
     n_bytes = len(text.encode("utf-8"))
@@ -118,9 +121,9 @@ def main():
 
     def row(name, reference, ours, ratio, target, ok, note=""):
         rows.append(dict(name=name, reference=reference, ours=ours, ratio=ratio, target=target, ok=ok, note=note))
+        verdict = "ok" if ok else "MISSED"
         print(
-            f"{name}: reference {reference}, ours {ours}, ratio {ratio}, target {target}: {'ok' if ok else 'MISSED'} {note}",
-            flush=True,
+            f"{name}: reference {reference}, ours {ours}, ratio {ratio}, target {target}: {verdict} {note}", flush=True
         )
 
     # Training with the GPT-2 regex: fastest of `repeats` child runs each (fresh processes, no warm caches).
@@ -132,8 +135,8 @@ def main():
         f"HF {hf_regex['seconds']:.2f} s",
         f"{ours_regex['seconds']:.2f} s",
         f"{r:.2f}x HF's time",
-        "<= 3x HF's time",
-        r <= 3,
+        "<= HF's time",
+        r <= 1,
     )
 
     # Training without pre-tokenization (one run each: they are long).
@@ -181,23 +184,32 @@ def main():
     tok = BPETokenizer.train(text, 10_000, pattern=GPT2_PATTERN)
     tt = tok.to_tiktoken()
     t_tt, ids_tt = best_of(lambda: tt.encode_ordinary(text), a.repeats + 2)
-    cold = float("inf")
-    for _ in range(a.repeats + 2):
+
+    def encode_cold():
+        "Encode with a fresh tokenizer (no chunk seen yet); only the encoding is timed."
         fresh = BPETokenizer(tok.merges, tok.pattern)
-        t, ids_ours = best_of(lambda: fresh.encode(text), 1)
-        cold = min(cold, t)
-    warm, _ = best_of(lambda: fresh.encode(text), a.repeats)
+        t0 = time.perf_counter()
+        ids = fresh.encode(text)
+        return time.perf_counter() - t0, ids
+
+    cold, ids_ours = min((encode_cold() for _ in range(a.repeats + 2)), key=lambda r: r[0])
+    warm_tok = BPETokenizer(tok.merges, tok.pattern)
+    warm_tok.encode(text)
+    warm, _ = best_of(lambda: warm_tok.encode(text), a.repeats)
     hf = tok.to_hf()
     t_hf, enc_hf = best_of(lambda: hf.encode(text), a.repeats)
     same = ids_ours == ids_tt == enc_hf.ids
-    mbs = lambda t: n_bytes / t / 1e6
+
+    def mbs(seconds):
+        return n_bytes / seconds / 1e6
+
     row(
         "encode 1.1 MB, GPT-2 regex, vocab 10,000",
         f"tiktoken {t_tt * 1e3:.0f} ms ({mbs(t_tt):.1f} MB/s)",
         f"cold {cold * 1e3:.0f} ms ({mbs(cold):.1f} MB/s), warm {warm * 1e3:.0f} ms",
         f"{t_tt / cold:.2f}x tiktoken's throughput (warm {t_tt / warm:.2f}x)",
-        ">= 0.25x, identical ids",
-        t_tt / cold >= 0.25 and same,
+        ">= 0.5x (cold), identical ids",
+        t_tt / cold >= 0.5 and same,
         f"ids identical to tiktoken's and HF's: {same}; HF tokenizers encodes it in {t_hf * 1e3:.0f} ms",
     )
 
@@ -219,10 +231,9 @@ def main():
         (r["name"], r["reference"], r["ours"], r["ratio"], r["target"], "ok" if r["ok"] else "MISSED") for r in rows
     ]
     lines = ["| " + " | ".join(cells) + " |" for cells in table]
-    for r, line in zip(rows, lines[2:]):
-        r["line"] = (
-            f"{r['name']}: {r['ours']} vs {r['reference']} -> {r['ratio']} (target {r['target']}: {'ok' if r['ok'] else 'MISSED'})"
-        )
+    for r in rows:
+        verdict = "ok" if r["ok"] else "MISSED"
+        r["line"] = f"{r['name']}: {r['ours']} vs {r['reference']} -> {r['ratio']} (target {r['target']}: {verdict})"
     print("\n" + "\n".join(lines))
     for r in rows:
         if r["note"]:

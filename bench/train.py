@@ -77,7 +77,7 @@ def run_ours(iters: int, threads) -> dict:
     wall = time.perf_counter() - t0
     if r.returncode != 0:
         raise SystemExit(f"gptbook train failed:\n{r.stderr[-3000:]}")
-    recs = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines() if l.strip()]
+    recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     timed = [x for x in recs if x.get("ms_per_iter")]
     steps_between = [b["iter"] - a["iter"] for a, b in zip(recs, recs[1:])]
     total_ms = sum(x["ms_per_iter"] * n for x, n in zip(timed, steps_between))

@@ -6,13 +6,23 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import random
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
+import numpy as np
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, load_model, save_file, save_model
+
 # %% auto #0
-__all__ = ['fsync_dir', 'atomic_write', 'atomic_dir']
+__all__ = ['CKPT_PREFIX', 'CKPT_FILES', 'CKPT_FORMAT', 'CKPT_VERSION', 'fsync_dir', 'atomic_write', 'remove_dir', 'atomic_dir',
+           'list_checkpoints', 'remove_leftovers', 'clear_checkpoints', 'save_checkpoint', 'find_checkpoint',
+           'checkpoint_state', 'load_weights', 'load_optimizer_state', 'restore_rng']
 
 # %% ../nbs/A2_checkpoints.ipynb #eb15f806
 def fsync_dir(path) -> None:
@@ -26,19 +36,29 @@ def fsync_dir(path) -> None:
         os.close(fd)
 
 
+def _fsync_file(path) -> None:
+    "Push the bytes of the file at `path` to the disk."
+    with open(path, "rb+") as f:
+        os.fsync(f.fileno())
+
+
 @contextlib.contextmanager
-def atomic_write(path, mode: str = "w", encoding: str | None = "utf-8"):
+def atomic_write(path, mode: str | None = "w", encoding: str | None = "utf-8"):
     """Open a temporary file beside `path` for writing; on a clean exit fsync it and rename it onto `path`.
 
-    On an exception the temporary file is removed and `path` is untouched."""
+    `mode=None` yields the temporary file's path instead of an open file, for writers that take a path
+    (`tokenizer.save(path)`). On an exception the temporary file is removed and `path` is untouched."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".tmp_{path.name}_")
     try:
-        with os.fdopen(fd, mode, encoding=None if "b" in mode else encoding) as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
+        if mode is None:
+            os.close(fd)
+            yield Path(tmp)
+        else:
+            with os.fdopen(fd, mode, encoding=None if "b" in mode else encoding) as f:
+                yield f
+        _fsync_file(tmp)
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
@@ -54,11 +74,20 @@ def _umask() -> int:
     return mask
 
 # %% ../nbs/A2_checkpoints.ipynb #46d15b80
+def remove_dir(path) -> None:
+    "Rename the folder `path` to a `.trash_` name beside it, then delete it: a kill half-way leaves no torn `path`."
+    path = Path(path)
+    trash = path.with_name(f".trash_{path.name}_{os.getpid()}_{time.monotonic_ns()}")
+    os.rename(path, trash)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
 @contextlib.contextmanager
 def atomic_dir(path):
     """Yield a temporary folder beside `path`; on a clean exit fsync its files and rename it to `path`.
 
-    `path` must not exist yet. On an exception the temporary folder is removed."""
+    A folder already at `path` is replaced (moved aside, then deleted). On an exception the temporary folder
+    is removed and `path` is untouched."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".tmp_{path.name}_"))
@@ -66,12 +95,201 @@ def atomic_dir(path):
         yield tmp
         for p in tmp.rglob("*"):
             if p.is_file():
-                with open(p, "rb+") as f:
-                    os.fsync(f.fileno())
+                _fsync_file(p)
         fsync_dir(tmp)
         os.chmod(tmp, 0o777 & ~_umask())
+        if path.exists():
+            remove_dir(path)
         os.rename(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     fsync_dir(path.parent)
+
+# %% ../nbs/A2_checkpoints.ipynb #013f14b9
+CKPT_PREFIX = "ckpt_"
+CKPT_FILES = ("model.safetensors", "optimizer.safetensors", "rng.safetensors", "state.json")
+CKPT_FORMAT = "gptbook-checkpoint"
+CKPT_VERSION = 2  # 2: a tied head is stored once (safetensors' save_model); 1 stored a copy of it
+
+# %% ../nbs/A2_checkpoints.ipynb #8f47e7e0
+def _rng_state() -> tuple[dict, dict]:
+    "The torch (CPU and CUDA), NumPy and Python RNG states: tensors for safetensors, the rest for JSON."
+    tensors = {"torch_cpu": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        for i, s in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"torch_cuda_{i}"] = s
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    tensors["numpy_keys"] = torch.from_numpy(keys.astype(np.int64))
+    version, py_state, gauss_next = random.getstate()
+    extra = {"numpy": [kind, int(pos), int(has_gauss), float(cached)], "python": [version, list(py_state), gauss_next]}
+    return tensors, extra
+
+
+def _set_rng_state(tensors: dict, extra: dict) -> None:
+    "Restore what `_rng_state` returned."
+    torch.set_rng_state(tensors["torch_cpu"])
+    n_cuda = sum(k.startswith("torch_cuda_") for k in tensors)
+    if n_cuda and torch.cuda.is_available():
+        states = [tensors[f"torch_cuda_{i}"] for i in range(n_cuda)]
+        torch.cuda.set_rng_state_all(states[: torch.cuda.device_count()])
+    kind, pos, has_gauss, cached = extra["numpy"]
+    np.random.set_state((kind, tensors["numpy_keys"].numpy().astype(np.uint32), pos, has_gauss, cached))
+    version, py_state, gauss_next = extra["python"]
+    random.setstate((version, tuple(py_state), gauss_next))
+
+# %% ../nbs/A2_checkpoints.ipynb #42391ab1
+def _split_optimizer_state(sd: dict) -> tuple[dict, dict]:
+    "An optimizer's state_dict as tensors (for safetensors) and JSON (the parameter groups and any scalars)."
+    tensors, scalars = {}, {}
+    for i, s in sd["state"].items():
+        for k, v in s.items():
+            if torch.is_tensor(v):
+                tensors[f"{i}.{k}"] = v.detach().contiguous()
+            else:
+                scalars[f"{i}.{k}"] = v
+    return tensors, {"param_groups": sd["param_groups"], "scalars": scalars}
+
+
+def _join_optimizer_state(tensors: dict, meta: dict) -> dict:
+    "The state_dict that `_split_optimizer_state` took apart."
+    state = {}
+    for key, v in [*tensors.items(), *meta["scalars"].items()]:
+        i, k = key.split(".", 1)
+        state.setdefault(int(i), {})[k] = v
+    # JSON turned tuples (AdamW's betas) into lists: turn them back, leaving the parameter index lists alone
+    groups = [
+        {k: tuple(v) if isinstance(v, list) and k != "params" else v for k, v in g.items()}
+        for g in meta["param_groups"]
+    ]
+    return {"state": state, "param_groups": groups}
+
+# %% ../nbs/A2_checkpoints.ipynb #00ec0a75
+def list_checkpoints(out_dir) -> list[Path]:
+    "The complete checkpoint folders in `out_dir`, oldest (lowest step) first."
+    out_dir = Path(out_dir)
+    if not out_dir.is_dir():
+        return []
+    n = len(CKPT_PREFIX)
+    found = [p for p in out_dir.iterdir() if p.is_dir() and p.name.startswith(CKPT_PREFIX) and p.name[n:].isdigit()]
+    return sorted(found, key=lambda p: int(p.name[n:]))
+
+
+def remove_leftovers(out_dir) -> None:
+    "Delete what killed saves left in `out_dir`: temporary and half-deleted folders (never a `ckpt_` folder)."
+    for p in Path(out_dir).iterdir():
+        if p.is_dir() and p.name.startswith((f".tmp_{CKPT_PREFIX}", ".trash_")):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def clear_checkpoints(out_dir) -> int:
+    "Remove every checkpoint and leftover in `out_dir` (a fresh run in an old run's folder); returns how many."
+    old = list_checkpoints(out_dir)
+    for p in old:
+        remove_dir(p)
+    if Path(out_dir).is_dir():
+        remove_leftovers(out_dir)
+    return len(old)
+
+
+def save_checkpoint(
+    out_dir, step: int, model, optimizer=None, generator=None, *, tokenizer=None, meta=None, keep_last: int = 1
+) -> Path:
+    "Write `out_dir/ckpt_<step>/` atomically; keep only the last `keep_last` checkpoints."
+    opt_tensors, opt_meta = ({}, None) if optimizer is None else _split_optimizer_state(optimizer.state_dict())
+    rng_tensors, rng_meta = _rng_state()
+    if generator is not None:
+        rng_tensors["data_generator"] = generator.get_state()
+    state = {
+        "format": CKPT_FORMAT,
+        "version": CKPT_VERSION,
+        "iter": step,
+        "tokenizer": None if tokenizer is None else type(tokenizer).__name__,
+        "optimizer": opt_meta,
+        "rng": rng_meta,
+    }
+    if clash := sorted(set(state) & set(meta or {})):
+        raise ValueError(f"meta may not set {', '.join(clash)}: save_checkpoint writes those entries itself")
+    final = Path(out_dir) / f"{CKPT_PREFIX}{step:07d}"
+    with atomic_dir(final) as tmp:
+        save_model(model, str(tmp / "model.safetensors"))  # a tied head is stored once
+        save_file(opt_tensors, tmp / "optimizer.safetensors")
+        save_file(rng_tensors, tmp / "rng.safetensors")
+        if tokenizer is not None:
+            tokenizer.save(tmp / "tokenizer.json")
+        (tmp / "state.json").write_text(json.dumps({**state, **(meta or {})}, indent=1), encoding="utf-8")
+    for old in list_checkpoints(out_dir)[:-keep_last]:
+        remove_dir(old)
+    remove_leftovers(out_dir)
+    return final
+
+# %% ../nbs/A2_checkpoints.ipynb #de117431
+def find_checkpoint(path) -> Path:
+    "`path` itself if it is a checkpoint folder, else the latest checkpoint in the run folder `path`."
+    path = Path(path)
+    if (path / "state.json").is_file() and (path / "model.safetensors").is_file():
+        return path
+    ckpts = list_checkpoints(path)
+    if not ckpts:
+        why = "does not exist" if not path.exists() else "holds no checkpoint (no ckpt_* folder)"
+        raise FileNotFoundError(
+            f"{path} {why}; train a model with `gptbook train --out {path}`, or pass a checkpoint folder"
+        )
+    return ckpts[-1]
+
+
+def _read_state(folder: Path) -> dict:
+    "The checked `state.json` of the checkpoint `folder`."
+    for f in CKPT_FILES:
+        if not (folder / f).is_file():
+            raise FileNotFoundError(f"checkpoint {folder} is incomplete: {f} is missing")
+    try:
+        state = json.loads((folder / "state.json").read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{folder / 'state.json'} is not valid JSON ({e}): the file is damaged") from e
+    if not isinstance(state, dict) or state.get("format") != CKPT_FORMAT:
+        raise ValueError(f"{folder / 'state.json'} is not a gptbook checkpoint")
+    if state.get("version", 1) > CKPT_VERSION:
+        raise ValueError(f"{folder} has format version {state['version']}; this gptbook reads up to {CKPT_VERSION}")
+    return state
+
+
+def checkpoint_state(path) -> dict:
+    "The `state.json` of a checkpoint (step, configs, ...) and its folder as `path`, without loading any tensor."
+    folder = find_checkpoint(path)
+    return {**_read_state(folder), "path": folder}
+
+
+def _damaged(path: Path, e: Exception) -> ValueError:
+    return ValueError(f"{path} cannot be read ({e}): the file is damaged; use an earlier checkpoint")
+
+
+def _load_file(path: Path) -> dict:
+    "The tensors of a safetensors file, or a ValueError that names the damaged file."
+    try:
+        return load_file(path)
+    except SafetensorError as e:
+        raise _damaged(path, e) from e
+
+
+def load_weights(model, folder) -> None:
+    "Load the weights of the checkpoint `folder` into `model` (built with the checkpoint's config)."
+    path = Path(folder) / "model.safetensors"
+    try:
+        load_model(model, str(path))  # fills a tied head from the one stored copy
+    except SafetensorError as e:
+        raise _damaged(path, e) from e
+
+
+def load_optimizer_state(folder, state: dict) -> dict | None:
+    "The optimizer `state_dict` saved in the checkpoint `folder` (whose `state.json` is `state`), or None."
+    if state.get("optimizer") is None:
+        return None
+    return _join_optimizer_state(_load_file(Path(folder) / "optimizer.safetensors"), state["optimizer"])
+
+
+def restore_rng(folder, state: dict) -> torch.Tensor | None:
+    "Put back the torch, NumPy and Python random states of the checkpoint `folder`; returns the batch generator's."
+    tensors = _load_file(Path(folder) / "rng.safetensors")
+    _set_rng_state(tensors, state["rng"])
+    return tensors.get("data_generator")

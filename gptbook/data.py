@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import http.client
 import os
-import tempfile
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -17,7 +16,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .tokenizer import CharTokenizer
+from .checkpoint import atomic_write
+from .tokenizer import BPETokenizer, CharTokenizer
 
 # %% auto #0
 __all__ = ['TINY_SHAKESPEARE_URL', 'TINY_SHAKESPEARE_SHA256', 'TINY_SHAKESPEARE_FILENAME', 'cache_dir', 'sha256_file',
@@ -52,25 +52,16 @@ class ChecksumError(ValueError):
 def download(url: str, dest: str | Path, sha256: str | None = None, timeout: float = 30.0) -> Path:
     "Download `url` to `dest` atomically, verifying its SHA-256 if given; returns `dest`."
     dest = Path(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
-    try:
-        h = hashlib.sha256()
-        with os.fdopen(fd, "wb") as f, urllib.request.urlopen(url, timeout=timeout) as response:
-            while block := response.read(1 << 20):
-                h.update(block)
-                f.write(block)
-            f.flush()
-            os.fsync(f.fileno())  # the bytes are on disk before the rename makes them visible
-        if sha256 is not None and h.hexdigest() != sha256:
+    h = hashlib.sha256()
+    with atomic_write(dest, "wb") as f, urllib.request.urlopen(url, timeout=timeout) as response:
+        while block := response.read(1 << 20):
+            h.update(block)
+            f.write(block)
+        if sha256 is not None and h.hexdigest() != sha256:  # raised inside: the temporary file is removed
             raise ChecksumError(
                 f"Downloaded {url} but its SHA-256 is {h.hexdigest()}, expected {sha256}. "
                 f"The file at the URL is not the expected one; nothing was written to {dest}."
             )
-        os.replace(tmp, dest)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return dest
 
 # %% ../nbs/07_data.ipynb #e9d69eba
@@ -150,7 +141,7 @@ def tiny_shakespeare(path: str | Path | None = None, **kwargs) -> str:
 
 # %% ../nbs/07_data.ipynb #ec34ff1c
 def train_val_split(data, val_fraction: float = 0.1):
-    "Split a sequence (str, list, array) by position: the first `1 - val_fraction` for training, the rest for validation."
+    "Split a sequence (str, list, array) by position: the first `1 - val_fraction` to train on, the rest to validate."
     if not 0.0 < val_fraction < 1.0:
         raise ValueError(f"val_fraction must be strictly between 0 and 1, got {val_fraction}.")
     if len(data) < 2:
@@ -172,22 +163,13 @@ def encode_to_array(tokenizer, text: str) -> np.ndarray:
 def save_tokens(ids, path) -> Path:
     "Write `ids` as raw little-endian `uint16` to `path` (atomically: temp file, fsync, rename)."
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     arr = np.asarray(ids)
     if arr.ndim != 1:
         raise ValueError(f"save_tokens expects a 1-D array of ids, got shape {arr.shape}")
     if arr.size and (arr.min() < 0 or arr.max() >= 2**16):
         raise ValueError(f"ids must lie in 0..65535 to be stored as uint16, got min {arr.min()} and max {arr.max()}")
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(arr.astype("<u2").tobytes())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_write(path, "wb") as f:
+        f.write(arr.astype("<u2").tobytes())
     return path
 
 
@@ -219,6 +201,9 @@ def get_batch(
         )
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must be in 0..world_size-1, got rank={rank} with world_size={world_size}")
+    # Every rank draws the offsets of the whole global batch from an identically seeded generator and keeps its
+    # own slice: the ranks never overlap, their generators stay in step, and the global batch is the same
+    # whatever the number of processes.
     offsets = torch.randint(0, n - context_len, (world_size * batch_size,), generator=generator)
     offsets = offsets[rank * batch_size : (rank + 1) * batch_size].numpy()  # (B,) this rank's share
     window = offsets[:, None] + np.arange(context_len + 1)  # (B, T+1) positions
@@ -263,8 +248,6 @@ def _read_text(path) -> str:
 
 def _bpe_ids(text: str, vocab_size: int, cache: bool):
     "Train (or load from the cache) a BPE of `vocab_size` ids on `text`, and the ids of `text` under it."
-    from gptbook.tokenizer import BPETokenizer  # only BPE runs need it
-
     stem = cache_dir() / "tokens" / f"bpe{vocab_size}-{hashlib.sha256(text.encode('utf-8')).hexdigest()[:16]}"
     tok_file, ids_file = stem.with_suffix(".json"), stem.with_suffix(".bin")
     if cache and tok_file.is_file() and ids_file.is_file():
@@ -272,11 +255,9 @@ def _bpe_ids(text: str, vocab_size: int, cache: bool):
     tok = BPETokenizer.train(text, vocab_size)
     ids = encode_to_array(tok, text)
     if cache:
-        ids_file.parent.mkdir(parents=True, exist_ok=True)
         save_tokens(ids, ids_file)  # ids first: a tokenizer file alone is never taken as a complete cache entry
-        tmp = tok_file.with_name(f".{tok_file.name}.{os.getpid()}.part")
-        tok.save(tmp)
-        os.replace(tmp, tok_file)
+        with atomic_write(tok_file, mode=None) as tmp:
+            tok.save(tmp)
         ids = load_tokens(ids_file)
     return tok, ids
 
@@ -284,7 +265,7 @@ def _bpe_ids(text: str, vocab_size: int, cache: bool):
 def load_token_data(
     tokenizer="char", vocab_size: int = 512, path=None, val_fraction: float = 0.1, cache: bool = True
 ) -> TokenData:
-    "The text at `path` (None: Tiny Shakespeare) as ids of `tokenizer` ('char', 'bpe' or a tokenizer object), split by position."
+    "The text at `path` (None: Tiny Shakespeare) as ids of `tokenizer` ('char', 'bpe' or an object), split by position."
     text = _read_text(path)
     if tokenizer == "char":
         tok = CharTokenizer.train(text)

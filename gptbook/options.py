@@ -85,7 +85,9 @@ def _range_error(meta: dict, value) -> str | None:
     if not (too_low or too_high):
         return None
     if hi is None:
-        return ("positive" if lo == 0 else f"> {lo}") if meta.get("min_open") else f"at least {lo}"
+        if meta.get("min_open"):
+            return "positive" if lo == 0 else f"> {lo}"
+        return f"at least {lo}" if lo >= 1 else f">= {lo}"
     if lo is None:
         return f"< {hi}" if meta.get("max_open") else f"at most {hi}"
     left, right = "(" if meta.get("min_open") else "[", ")" if meta.get("max_open") else "]"

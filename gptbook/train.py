@@ -5,42 +5,33 @@
 # %% ../nbs/08_training.ipynb #d3a83ea1
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
-import random
-import shutil
 import sys
-import tempfile
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Literal, NamedTuple
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
+from .checkpoint import atomic_write, checkpoint_state, clear_checkpoints, list_checkpoints
+from .checkpoint import load_optimizer_state, load_weights, restore_rng, save_checkpoint
 from .data import TokenData, get_batch, load_token_data
-from .model import GPT, GPTConfig, autocast, pick_device, pick_dtype
-from .tokenizer import CharTokenizer
+from .model import GPT, GPTConfig, autocast, lm_loss, pick_device, pick_dtype
+from .options import OptionError, Options, option
+from .tokenizer import BPETokenizer, CharTokenizer
 
 # %% auto #0
-__all__ = ['CKPT_PREFIX', 'CKPT_FILES', 'PRESETS', 'lm_loss', 'lr_at', 'param_groups', 'make_optimizer', 'TrainConfig',
-           'list_checkpoints', 'save_checkpoint', 'find_checkpoint', 'checkpoint_state', 'Checkpoint',
-           'load_checkpoint', 'patch_to', 'TrainingDiverged', 'Trainer', 'read_metrics', 'plot_metrics',
-           'init_distributed', 'model_config_for', 'train']
-
-# %% ../nbs/08_training.ipynb #5fea7ad9
-def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    "Mean next-token cross-entropy of `logits` (B, T, V) against `targets` (B, T), computed in float32."
-    B, T, V = logits.shape
-    return F.cross_entropy(logits.reshape(B * T, V).float(), targets.reshape(B * T))
+__all__ = ['lr_at', 'param_groups', 'make_optimizer', 'TrainConfig', 'save_run_config', 'load_run_config', 'Checkpoint',
+           'load_checkpoint', 'read_metrics', 'TrainingDiverged', 'Ranks', 'Trainer', 'plot_metrics',
+           'init_distributed', 'train']
 
 # %% ../nbs/08_training.ipynb #d3808619
 def lr_at(it: int, max_lr: float, warmup_iters: int, max_iters: int, min_lr: float) -> float:
@@ -74,297 +65,105 @@ def make_optimizer(
 
 # %% ../nbs/08_training.ipynb #9f0fda47
 @dataclass
-class TrainConfig:
+class TrainConfig(Options):
     "Everything about a training run except the model's shape (that is `GPTConfig`). Defaults: the CPU baby run."
 
-    out_dir: str = "out"  # checkpoints (ckpt_NNNNNNN/) and metrics.jsonl go here
-    preset: str = "baby"  # model preset: 'baby', 'gpt2-small' or 'llama-style' (see `model_config_for`)
-    model_overrides: dict = field(default_factory=dict)  # GPTConfig fields to change, e.g. {"n_layers": 2}
-    tokenizer: str = "char"  # 'char' (65 ids on Tiny Shakespeare) or 'bpe'
-    bpe_vocab_size: int = 512  # only for tokenizer='bpe'
-    data_path: str | None = None  # a UTF-8 text file; None = Tiny Shakespeare
-    val_fraction: float = 0.1  # the last 10% of the text is validation
-    batch_size: int = 12  # sequences per micro-step, per process
-    context_len: int | None = None  # tokens per sequence; None = the model's max_seq_len
-    grad_accum: int = 1  # micro-steps per optimizer step (global batch = batch_size * grad_accum * processes)
-    max_iters: int = 2000  # optimizer steps
-    lr: float = 1e-3  # peak learning rate; small models tolerate a large one
-    min_lr_ratio: float = 0.1  # the cosine ends at 10% of the peak
-    warmup_iters: int = 100  # linear warmup steps (~2,000 at GPT-2 scale)
-    weight_decay: float = 0.1  # on weight matrices only (see `param_groups`)
-    beta1: float = 0.9
-    beta2: float = 0.99  # 0.95 at GPT scale; 0.99 suits the few tokens per step of a small run
-    grad_clip: float = 1.0  # max global gradient norm; 0 turns clipping off
-    eval_interval: int = 250  # evaluate, log and checkpoint every this many steps
-    eval_iters: int = 20  # batches per split in each evaluation
-    seed: int = 1337  # initial weights, batch order, dropout
-    device: str = "auto"  # 'auto' = cuda, then mps, then cpu
-    dtype: str = "auto"  # 'auto' = bfloat16 on a GPU that has it, float32 elsewhere
-    compile: bool = False  # torch.compile the model (needs a C++ compiler; pays off on GPUs)
-    keep_last: int = 1  # checkpoints kept in out_dir
-    progress: bool = True  # tqdm progress bar (rank 0 only)
+    out_dir: str = option("out", "run folder: config.json, metrics.jsonl and checkpoints ckpt_NNNNNNN/", flag="--out")
+    preset: Literal["baby", "gpt2-small", "llama-style"] = option("baby", "model preset, changed by model_overrides")
+    model_overrides: dict = option(
+        help='GPTConfig fields to change from the preset, e.g. {"n_layers": 2}', cli=False, default_factory=dict
+    )
+    tokenizer: Literal["char", "bpe"] = option("char", "characters (65 ids on Tiny Shakespeare) or byte-pair encoding")
+    bpe_vocab_size: int = option(
+        512, "ids of the BPE tokenizer (tokenizer='bpe')", min=256, max=2**16, why="the 256 bytes, then uint16 ids"
+    )
+    data_path: str | None = option(None, "a UTF-8 text file to train on (default: Tiny Shakespeare)", flag="--data")
+    val_fraction: float = option(
+        0.1, "the last part of the text, held out for validation", min=0, max=1, min_open=True, max_open=True
+    )
+    batch_size: int = option(12, "sequences per micro-step, per process", min=1)
+    context_len: int | None = option(None, "tokens per training window (default: the model's max_seq_len)", min=1)
+    grad_accum: int = option(1, "micro-steps per optimizer step (global batch: batch_size x this x processes)", min=1)
+    max_iters: int = option(2000, "optimizer steps", min=1, why="a run that takes no step saves nothing")
+    lr: float = option(1e-3, "peak learning rate (small models tolerate a large one)", min=0, min_open=True)
+    min_lr_ratio: float = option(0.1, "the cosine ends at this fraction of the peak", min=0, max=1)
+    warmup_iters: int = option(100, "linear warmup steps (about 2,000 at GPT-2 scale)", min=0)
+    weight_decay: float = option(0.1, "AdamW's decay of the weight matrices (see param_groups)", min=0)
+    beta1: float = option(0.9, "AdamW's decay rate of the gradient average", min=0, max=1, max_open=True)
+    beta2: float = option(
+        0.99, "AdamW's decay rate of the squared-gradient average (0.95 at GPT scale)", min=0, max=1, max_open=True
+    )
+    grad_clip: float = option(1.0, "largest global gradient norm", min=0, why="0 turns clipping off")
+    eval_interval: int = option(250, "steps between evaluations, metrics records and checkpoints", min=1)
+    eval_iters: int = option(20, "batches per split in each evaluation", min=1)
+    seed: int = option(1337, "seed of the initial weights, the batch order and dropout", min=0)
+    device: str = option("auto", "auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps")
+    dtype: Literal["auto", "float32", "bfloat16"] = option("auto", "auto: bfloat16 on a GPU that has it, else float32")
+    compile: bool = option(False, "torch.compile the model (needs a C++ compiler; pays off on GPUs)")
+    keep_last: int = option(1, "checkpoints kept in out_dir", min=1)
+    progress: bool = option(True, "show a progress bar (rank 0 only)")
 
-    def __post_init__(self):
-        for name in ("batch_size", "grad_accum", "eval_interval", "eval_iters", "keep_last"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.max_iters < 1:
-            raise ValueError(
-                f"max_iters must be at least 1 (a run that takes no step saves nothing), got {self.max_iters}"
+    def check(self) -> None:
+        "`model_overrides` may name only `GPTConfig` fields."
+        known = [f.name for f in fields(GPTConfig)]
+        if unknown := sorted(set(self.model_overrides) - set(known)):
+            raise OptionError(
+                "model_overrides",
+                f"model_overrides has unknown GPTConfig field(s) {', '.join(unknown)}; "
+                f"the fields are {', '.join(known)}",
             )
-        if self.warmup_iters < 0:
-            raise ValueError(f"warmup_iters must be >= 0, got {self.warmup_iters}")
-        for name in ("weight_decay", "grad_clip"):  # grad_clip 0 turns clipping off; a negative value is a typo
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("beta1", "beta2"):
-            if not 0 <= getattr(self, name) < 1:
-                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
-        if not 0 < self.val_fraction < 1:
-            raise ValueError(f"val_fraction must be strictly between 0 and 1, got {self.val_fraction}")
-        if not self.lr > 0:
-            raise ValueError(f"lr must be positive, got {self.lr}")
-        if not 0 <= self.min_lr_ratio <= 1:
-            raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
-        if self.tokenizer not in ("char", "bpe"):
-            raise ValueError(f"tokenizer must be 'char' or 'bpe', got {self.tokenizer!r}")
 
     @property
     def min_lr(self) -> float:
         return self.lr * self.min_lr_ratio
 
-    def lr_at(self, it: int) -> float:
-        "This run's learning rate at step `it`."
-        return lr_at(it, self.lr, self.warmup_iters, self.max_iters, self.min_lr)
+    def lr_at(self, step: int) -> float:
+        "This run's learning rate at step `step` (counted from 0)."
+        return lr_at(step, self.lr, self.warmup_iters, self.max_iters, self.min_lr)
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> TrainConfig:
-        "Rebuild from `to_dict()`'s output (unknown keys, from other versions, are ignored)."
-        known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in known})
-
-# %% ../nbs/08_training.ipynb #604bc947
-CKPT_PREFIX = "ckpt_"
-CKPT_FILES = ("model.safetensors", "optimizer.safetensors", "rng.safetensors", "state.json")
+# %% ../nbs/08_training.ipynb #d0c976be
+def save_run_config(out_dir, cfg: TrainConfig, model_config: GPTConfig | None = None) -> Path:
+    "Write `out_dir/config.json`: the run's `TrainConfig` and `GPTConfig` as dicts (what `load_run_config` reads)."
+    path = Path(out_dir) / "config.json"
+    configs = {"train_config": cfg.to_dict(), "model_config": None if model_config is None else model_config.to_dict()}
+    with atomic_write(path) as f:
+        json.dump(configs, f, indent=1)
+    return path
 
 
-def _fsync_file(path):
-    with open(path, "rb+") as f:
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(path):
-    "Make a rename or a new file in `path` durable (POSIX only: other systems cannot open a folder)."
-    if os.name != "posix":
-        return
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _unshare(state: dict) -> dict:
-    "Contiguous tensors, with copies of those sharing memory with an earlier one (safetensors stores each tensor once)."
-    seen, out = set(), {}
-    for k, v in state.items():
-        v = v.detach().contiguous()
-        key = (v.untyped_storage().data_ptr(), v.storage_offset(), tuple(v.shape))
-        out[k] = v.clone() if key in seen else v  # a tied output head shares the embedding's memory
-        seen.add(key)
-    return out
-
-# %% ../nbs/08_training.ipynb #4628cde9
-def _rng_state() -> tuple[dict, dict]:
-    "The torch (CPU and CUDA), NumPy and Python RNG states: tensors for safetensors, the rest for JSON."
-    tensors = {"torch_cpu": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        for i, s in enumerate(torch.cuda.get_rng_state_all()):
-            tensors[f"torch_cuda_{i}"] = s
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
-    tensors["numpy_keys"] = torch.from_numpy(keys.astype(np.int64))
-    version, py_state, gauss_next = random.getstate()
-    extra = {"numpy": [kind, int(pos), int(has_gauss), float(cached)], "python": [version, list(py_state), gauss_next]}
-    return tensors, extra
-
-
-def _set_rng_state(tensors: dict, extra: dict):
-    "Restore what `_rng_state` returned."
-    torch.set_rng_state(tensors["torch_cpu"])
-    cuda = sorted((k for k in tensors if k.startswith("torch_cuda_")), key=lambda k: int(k.rsplit("_", 1)[1]))
-    if cuda and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([tensors[k] for k in cuda][: torch.cuda.device_count()])
-    kind, pos, has_gauss, cached = extra["numpy"]
-    np.random.set_state((kind, tensors["numpy_keys"].numpy().astype(np.uint32), pos, has_gauss, cached))
-    version, py_state, gauss_next = extra["python"]
-    random.setstate((version, tuple(py_state), gauss_next))
-
-# %% ../nbs/08_training.ipynb #c0666d46
-def _optimizer_to_files(optimizer) -> tuple[dict, dict]:
-    "An optimizer's state_dict as tensors (for safetensors) and JSON (the parameter groups)."
-    sd = optimizer.state_dict()
-    tensors, scalars = {}, {}
-    for i, s in sd["state"].items():
-        for k, v in s.items():
-            if torch.is_tensor(v):
-                tensors[f"{i}.{k}"] = v.detach().contiguous()
-            else:
-                scalars[f"{i}.{k}"] = v
-    return tensors, {"param_groups": sd["param_groups"], "scalars": scalars}
-
-
-def _optimizer_from_files(tensors: dict, meta: dict) -> dict:
-    "The state_dict that `_optimizer_to_files` took apart."
-    state = {}
-    for key, v in list(tensors.items()) + list(meta["scalars"].items()):
-        i, k = key.split(".", 1)
-        state.setdefault(int(i), {})[k] = v
-    # JSON turned tuples (AdamW's betas) into lists: turn them back, leaving the parameter index lists alone
-    groups = [
-        {k: tuple(v) if isinstance(v, list) and k != "params" else v for k, v in g.items()}
-        for g in meta["param_groups"]
-    ]
-    return {"state": state, "param_groups": groups}
-
-# %% ../nbs/08_training.ipynb #a4b4df47
-def _remove_dir(path: Path):
-    "Rename out of the `ckpt_` namespace first, so that a kill half-way through never leaves a partial checkpoint."
-    trash = path.with_name(f".trash_{path.name}_{os.getpid()}_{time.monotonic_ns()}")
-    os.rename(path, trash)
-    shutil.rmtree(trash, ignore_errors=True)
-
-
-def _remove_leftovers(out_dir: Path, keep: str = ""):
-    "Delete what killed saves left behind: temporary and half-deleted folders (never a `ckpt_` folder)."
-    for p in out_dir.iterdir():
-        if p.is_dir() and p.name != keep and p.name.startswith((".tmp_" + CKPT_PREFIX, ".trash_")):
-            shutil.rmtree(p, ignore_errors=True)
-
-
-def list_checkpoints(out_dir) -> list[Path]:
-    "The complete checkpoint folders in `out_dir`, oldest (lowest step) first."
-    out_dir = Path(out_dir)
-    if not out_dir.is_dir():
-        return []
-    found = [
-        p
-        for p in out_dir.iterdir()
-        if p.is_dir() and p.name.startswith(CKPT_PREFIX) and p.name[len(CKPT_PREFIX) :].isdigit()
-    ]
-    return sorted(found, key=lambda p: int(p.name[len(CKPT_PREFIX) :]))
-
-
-def save_checkpoint(
-    out_dir,
-    iteration: int,
-    model: nn.Module,
-    optimizer=None,
-    data_generator=None,
-    train_config: TrainConfig | None = None,
-    model_config=None,
-    tokenizer=None,
-    extra: dict | None = None,
-    keep_last: int = 1,
-) -> Path:
-    "Write `out_dir/ckpt_<iteration>/` atomically (temp folder, fsync, rename); keep only the last `keep_last`."
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    final = out_dir / f"{CKPT_PREFIX}{iteration:07d}"
-    tmp = Path(tempfile.mkdtemp(dir=out_dir, prefix=f".tmp_{final.name}_"))  # same file system as `final`
-    try:
-        save_file(_unshare(model.state_dict()), tmp / "model.safetensors")
-        opt_tensors, opt_meta = _optimizer_to_files(optimizer) if optimizer is not None else ({}, None)
-        save_file(opt_tensors, tmp / "optimizer.safetensors")
-        rng_tensors, rng_extra = _rng_state()
-        if data_generator is not None:
-            rng_tensors["data_generator"] = data_generator.get_state()
-        save_file(rng_tensors, tmp / "rng.safetensors")
-        if tokenizer is not None:
-            tokenizer.save(tmp / "tokenizer.json")
-        if model_config is not None and not isinstance(model_config, dict):
-            model_config = model_config.to_dict()
-        state = {
-            "format": "gptbook-checkpoint",
-            "version": 1,
-            "iter": iteration,
-            "train_config": train_config.to_dict() if train_config is not None else None,
-            "model_config": model_config,
-            "tokenizer": type(tokenizer).__name__ if tokenizer is not None else None,
-            "optimizer": opt_meta,
-            "rng": rng_extra,
-            **(extra or {}),
-        }
-        (tmp / "state.json").write_text(json.dumps(state, indent=1), encoding="utf-8")
-        for f in tmp.iterdir():
-            _fsync_file(f)  # the bytes are on disk ...
-        _fsync_dir(tmp)
-        if final.exists():
-            _remove_dir(final)  # (a leftover with the same name from an earlier run)
-        os.rename(tmp, final)  # ... before the checkpoint appears, complete, under its name
-        _fsync_dir(out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    for old in list_checkpoints(out_dir)[:-keep_last]:
-        _remove_dir(old)
-    _remove_leftovers(out_dir, keep=tmp.name)
-    return final
+def load_run_config(path) -> tuple[TrainConfig, GPTConfig | None]:
+    "The configs of a run folder (its config.json, else its latest checkpoint), a checkpoint folder or a config file."
+    path = Path(path)
+    source = path / "config.json" if (path / "config.json").is_file() else path
+    if source.is_dir():
+        configs = checkpoint_state(source)
+    else:
+        try:
+            configs = json.loads(source.read_text(encoding="utf-8"))
+        except FileNotFoundError as e:
+            msg = f"no run config at {source}: give a run folder, a checkpoint folder or a config.json"
+            raise FileNotFoundError(msg) from e
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{source} is not valid JSON ({e})") from e
+    if not isinstance(configs, dict) or not isinstance(configs.get("train_config"), dict):
+        raise ValueError(
+            f'{source} has no "train_config": a run config is {{"train_config": {{...}}, "model_config": ...}}'
+        )
+    model_config = configs.get("model_config")
+    return TrainConfig.from_dict(configs["train_config"]), None if model_config is None else GPTConfig.from_dict(
+        model_config
+    )
 
 # %% ../nbs/08_training.ipynb #eb8af09a
-def find_checkpoint(path) -> Path:
-    "`path` itself if it is a checkpoint folder, else the latest checkpoint in the run folder `path`."
-    path = Path(path)
-    if (path / "state.json").is_file() and (path / "model.safetensors").is_file():
-        return path
-    ckpts = list_checkpoints(path)
-    if not ckpts:
-        why = "does not exist" if not path.exists() else "holds no checkpoint (no ckpt_* folder)"
-        raise FileNotFoundError(
-            f"{path} {why}; train a model with `gptbook train --out {path}`, or pass a checkpoint folder"
-        )
-    return ckpts[-1]
-
-
-def _load_tensors(path: Path) -> dict:
-    "The tensors of a safetensors file, or a ValueError that names the damaged file."
-    try:
-        return load_file(path)
-    except Exception as e:  # safetensors raises its own error type for a truncated or corrupt file
-        raise ValueError(f"{path} cannot be read ({e}): the file is damaged; use an earlier checkpoint") from e
-
-
-def _read_state(folder: Path) -> dict:
-    for f in CKPT_FILES:
-        if not (folder / f).is_file():
-            raise FileNotFoundError(f"checkpoint {folder} is incomplete: {f} is missing")
-    try:
-        state = json.loads((folder / "state.json").read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{folder / 'state.json'} is not valid JSON ({e}): the file is damaged") from e
-    if state.get("format") != "gptbook-checkpoint":
-        raise ValueError(f"{folder}/state.json is not a gptbook checkpoint")
-    return state
-
-
-def checkpoint_state(path) -> dict:
-    "The `state.json` of a checkpoint (step, configs, ...) and its `path`, without loading any weights."
-    folder = find_checkpoint(path)
-    return {**_read_state(folder), "path": folder}
-
-
-def _load_tokenizer(folder: Path, cls_name: str | None):
-    if cls_name is None:
+def _load_tokenizer(folder: Path, state: dict):
+    "The tokenizer saved in the checkpoint `folder` whose `state.json` is `state` (None if it has none)."
+    kinds = {"CharTokenizer": CharTokenizer, "BPETokenizer": BPETokenizer}
+    name = state.get("tokenizer")
+    if name is None:
         return None
-    if cls_name == "CharTokenizer":
-        return CharTokenizer.load(folder / "tokenizer.json")
-    if cls_name == "BPETokenizer":
-        from gptbook.tokenizer import BPETokenizer
-
-        return BPETokenizer.load(folder / "tokenizer.json")
-    raise ValueError(f"{folder} holds a tokenizer of unknown type {cls_name!r}")
+    if name not in kinds:
+        raise ValueError(f"{folder} holds a tokenizer of unknown type {name!r}")
+    return kinds[name].load(folder / "tokenizer.json")
 
 
 @dataclass
@@ -379,144 +178,19 @@ class Checkpoint:
     path: Path
 
 
-def load_checkpoint(path, device="cpu") -> Checkpoint:
-    "Load the GPT of a checkpoint folder (or of the latest checkpoint in a run folder) for inference."
-    folder = find_checkpoint(path)
-    state = _read_state(folder)
-    if state["model_config"] is None:
+def load_checkpoint(path, device=None) -> Checkpoint:
+    "Load the GPT of a checkpoint folder (or of the latest checkpoint in a run folder) for inference, on `device`."
+    state = checkpoint_state(path)
+    folder = state["path"]
+    if state.get("model_config") is None:
         raise ValueError(f"{folder} has no model_config, so its model cannot be rebuilt")
     model_config = GPTConfig.from_dict(state["model_config"])
     model = GPT(model_config)
-    model.load_state_dict(_load_tensors(folder / "model.safetensors"))
-    model.to(pick_device(device) if isinstance(device, str) else device).eval()
-    tc = state["train_config"]
-    return Checkpoint(
-        model,
-        _load_tokenizer(folder, state["tokenizer"]),
-        model_config,
-        TrainConfig.from_dict(tc) if tc is not None else None,
-        state["iter"],
-        folder,
-    )
-
-# %% ../nbs/08_training.ipynb #d6e5cd24
-def patch_to(cls):
-    "Decorator: add the function to `cls` as a method (fastcore's `patch_to`, in four lines)."
-
-    def attach(f):
-        setattr(cls, f.__name__, f)
-        return f
-
-    return attach
-
-# %% ../nbs/08_training.ipynb #441da4a3
-class TrainingDiverged(FloatingPointError):
-    "The loss became NaN or infinite."
-
-
-class Trainer:
-    "A training run: model, AdamW, data, warmup + cosine schedule, accumulation, clipping, mixed precision, DDP, checkpoints."
-
-    def __init__(self, model: nn.Module, data: TokenData, cfg: TrainConfig, model_config=None):
-        self.cfg, self.data, self.model_config = cfg, data, model_config
-        ddp = dist.is_available() and dist.is_initialized()
-        self.rank, self.world_size = (dist.get_rank(), dist.get_world_size()) if ddp else (0, 1)
-        self.local_rank, self.is_main = int(os.environ.get("LOCAL_RANK", 0)), self.rank == 0
-        device = pick_device(cfg.device)
-        if device.type == "cuda" and self.world_size > 1:
-            device = torch.device("cuda", self.local_rank)
-        self.device, self.dtype = device, pick_dtype(cfg.dtype, device)
-        if device.type == "cuda":
-            torch.set_float32_matmul_precision("high")  # TF32 for float32 matmuls
-        self.raw_model = model.to(device)
-        self.context_len = cfg.context_len or getattr(getattr(model, "config", None), "max_seq_len", None)
-        if self.context_len is None:
-            raise ValueError("set TrainConfig.context_len: the model has no config.max_seq_len")
-        self.optimizer = make_optimizer(model, cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2), device.type)
-        self.fwd_model = torch.compile(model) if cfg.compile else model  # forward passes for evaluation
-        self.model = self.fwd_model  # forward + backward for training
-        if self.world_size > 1:
-            from torch.nn.parallel import DistributedDataParallel as DDP
-
-            self.model = DDP(self.fwd_model, device_ids=[self.local_rank] if device.type == "cuda" else None)
-        self.gen = torch.Generator().manual_seed(cfg.seed)  # the order of training batches
-        self.iter, self.last_eval_iter = 0, None
-        self.history: list[dict] = []  # one record per evaluation, as in metrics.jsonl
-        self.step_losses: list[float] = []  # the training loss of every step taken by this Trainer
-        self.out_dir = Path(cfg.out_dir)
-        self.metrics_path = self.out_dir / "metrics.jsonl"
-
-    @property
-    def tokens_per_step(self) -> int:
-        "Tokens in one optimizer step, over all processes."
-        return self.cfg.batch_size * self.context_len * self.cfg.grad_accum * self.world_size
-
-    def batch(self, split: str = "train", generator=None):
-        "This process's share of a batch of `split`, on the training device."
-        data = self.data.train if split == "train" else self.data.val
-        return get_batch(
-            data, self.cfg.batch_size, self.context_len, generator or self.gen, self.rank, self.world_size, self.device
-        )
-
-    def _mean_over_ranks(self, x: torch.Tensor) -> torch.Tensor:
-        if self.world_size > 1:
-            dist.all_reduce(x, op=dist.ReduceOp.SUM)
-            x = x / self.world_size
-        return x
-
-# %% ../nbs/08_training.ipynb #a880cfa9
-@patch_to(Trainer)
-def train_step(self) -> dict:
-    "One optimizer step over `grad_accum` micro-batches; returns its loss, pre-clip gradient norm and lr."
-    cfg, model = self.cfg, self.model
-    lr = cfg.lr_at(self.iter)
-    for group in self.optimizer.param_groups:
-        group["lr"] = lr
-    loss_sum = torch.zeros((), device=self.device)
-    for micro in range(cfg.grad_accum):
-        x, y = self.batch("train")  # (B, T) each
-        last = micro == cfg.grad_accum - 1
-        sync = nullcontext() if last or self.world_size == 1 else model.no_sync()
-        with sync:
-            with autocast(self.device, self.dtype):
-                loss = lm_loss(model(x), y) / cfg.grad_accum  # a share of the mean over the batch
-            loss.backward()  # adds into .grad
-        loss_sum += loss.detach()
-    loss = self._mean_over_ranks(loss_sum).item()  # every process sees the same number
-    if not math.isfinite(loss):
-        self.optimizer.zero_grad(set_to_none=True)
-        ckpts = list_checkpoints(self.out_dir)
-        raise TrainingDiverged(
-            f"the loss is {loss} at step {self.iter}; training stopped before updating the weights. "
-            + (f"The last good checkpoint is {ckpts[-1]}. " if ckpts else "No checkpoint was saved yet. ")
-            + "Try a lower lr, more warmup_iters, or dtype float32."
-        )
-    max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
-    grad_norm = torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), max_norm).item()  # before clipping
-    self.optimizer.step()
-    self.optimizer.zero_grad(set_to_none=True)
-    self.iter += 1
-    self.step_losses.append(loss)
-    return {"loss": loss, "grad_norm": grad_norm, "lr": lr}
-
-# %% ../nbs/08_training.ipynb #a8d9030c
-@patch_to(Trainer)
-@torch.no_grad()
-def evaluate(self) -> dict:
-    "Mean loss on `eval_iters` step-sized batches of each split: the same batches at every evaluation of a run."
-    self.fwd_model.eval()
-    out, accum = {}, self.cfg.grad_accum
-    for split in ("train", "val"):
-        g = torch.Generator().manual_seed(self.cfg.seed + 1)
-        losses = torch.zeros(self.cfg.eval_iters, device=self.device)
-        for k in range(self.cfg.eval_iters):
-            for _ in range(accum):  # as many windows as one optimizer step
-                x, y = self.batch(split, g)  # (B, T) each
-                with autocast(self.device, self.dtype):
-                    losses[k] += lm_loss(self.fwd_model(x), y) / accum
-        out[split] = self._mean_over_ranks(losses.mean()).item()
-    self.fwd_model.train()
-    return out
+    load_weights(model, folder)
+    model.to(pick_device(device) if isinstance(device, str) else device or "cpu").eval()
+    train_config = state.get("train_config")
+    train_config = None if train_config is None else TrainConfig.from_dict(train_config)
+    return Checkpoint(model, _load_tokenizer(folder, state), model_config, train_config, state["iter"], folder)
 
 # %% ../nbs/08_training.ipynb #0df709ca
 def read_metrics(path) -> list[dict]:
@@ -529,129 +203,268 @@ def read_metrics(path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def _rewrite_metrics(path: Path, records: list[dict]):
+def _rewrite_metrics(path: Path, records: list[dict]) -> None:
+    "Replace the metrics file `path` by `records`, atomically (if its folder exists)."
     if not path.parent.is_dir():
         return
-    tmp = path.with_name(f".{path.name}.part")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
-    os.replace(tmp, path)
+    with atomic_write(path) as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+
+# %% ../nbs/08_training.ipynb #441da4a3
+#| code-fold: true
+class TrainingDiverged(FloatingPointError):
+    "The loss became NaN or infinite."
 
 
-@patch_to(Trainer)
-def save(self) -> Path | None:
-    "Checkpoint the run at its current step (on rank 0; the other processes return None)."
-    if not self.is_main:
-        return None
-    return save_checkpoint(
-        self.out_dir,
-        self.iter,
-        self.raw_model,
-        self.optimizer,
-        self.gen,
-        self.cfg,
-        self.model_config,
-        self.data.tokenizer,
-        keep_last=self.cfg.keep_last,
-        extra={"last_eval_iter": self.last_eval_iter, "world_size": self.world_size},
-    )
+class Ranks(NamedTuple):
+    "Where this process sits among the training processes (what `init_distributed` returns)."
+
+    rank: int = 0  # 0..world_size-1; rank 0 alone prints, writes metrics and saves checkpoints
+    local_rank: int = 0  # its index among the processes of its machine: the GPU it uses
+    world_size: int = 1  # processes in all
 
 
-@patch_to(Trainer)
-def load(self, path) -> Path:
-    "Restore what `save` wrote (weights, optimizer, RNG states, batch generator, step) into this trainer."
-    folder = find_checkpoint(path)
-    state = _read_state(folder)
-    self.raw_model.load_state_dict(_load_tensors(folder / "model.safetensors"))
-    self.optimizer.load_state_dict(
-        _optimizer_from_files(_load_tensors(folder / "optimizer.safetensors"), state["optimizer"])
-    )
-    rng = _load_tensors(folder / "rng.safetensors")
-    _set_rng_state(rng, state["rng"])
-    self.gen.set_state(rng["data_generator"])
-    if self.world_size > 1 and self.rank > 0:  # only rank 0's RNG is saved: the others reseed their own stream
-        torch.manual_seed(self.cfg.seed + 1000 * self.rank + state["iter"])
-    self.iter, self.last_eval_iter = state["iter"], state.get("last_eval_iter")
-    self.history = [r for r in read_metrics(self.metrics_path) if r["iter"] <= self.iter]
-    if self.is_main:
-        _rewrite_metrics(self.metrics_path, self.history)
-    return folder
+@dataclass
+class _Interval:
+    "The training steps since the last evaluation: how many, how long they took, their pre-clip gradient norms."
 
-# %% ../nbs/08_training.ipynb #754eff02
-@patch_to(Trainer)
-def log(self, record: dict):
-    "Keep `record` in `history`; on rank 0 also append it to metrics.jsonl."
-    self.history.append(record)
-    if not self.is_main:
-        return
-    self.out_dir.mkdir(parents=True, exist_ok=True)
-    with open(self.metrics_path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(record) + "\n")
+    steps: int = 0
+    seconds: float = 0.0
+    grad_norms: list = field(default_factory=list)
+
+    def add(self, seconds: float, grad_norm: float) -> None:
+        self.steps += 1
+        self.seconds += seconds
+        self.grad_norms.append(grad_norm)
 
 
-@patch_to(Trainer)
-def fit(self, stop_at: int | None = None) -> list[dict]:
-    "Train to `cfg.max_iters` (or stop after step `stop_at`); evaluate, log and checkpoint every `eval_interval` steps."
-    cfg = self.cfg
-    end = cfg.max_iters if stop_at is None else min(stop_at, cfg.max_iters)
-    # disable=None: tqdm turns itself off when stderr is not a terminal (logs, CI), instead of filling them
-    bar = tqdm(
-        total=cfg.max_iters,
-        initial=self.iter,
-        disable=None if cfg.progress and self.is_main else True,
-        desc="train",
-        unit="step",
-        dynamic_ncols=True,
-        mininterval=0.5,
-    )
-    t_steps, n_steps, norms, t_start = 0.0, 0, [], time.perf_counter()
-    try:
-        while True:
-            it = self.iter
-            if (it % cfg.eval_interval == 0 or it == end) and it != self.last_eval_iter:
-                losses = self.evaluate()
-                self.last_eval_iter = it
-                self.log(
-                    {
-                        "iter": it,
-                        "train_loss": losses["train"],
-                        "val_loss": losses["val"],
-                        "lr": cfg.lr_at(max(it - 1, 0)),
-                        "tokens_per_sec": n_steps * self.tokens_per_step / t_steps if n_steps else 0.0,
-                        "grad_norm": sum(norms) / len(norms) if norms else None,
-                        "ms_per_iter": 1000 * t_steps / n_steps if n_steps else None,
-                        "elapsed_s": time.perf_counter() - t_start,
-                    }
-                )
-                if self.is_main:
-                    r = self.history[-1]
-                    msg = f"step {it}: train loss {r['train_loss']:.4f}, val loss {r['val_loss']:.4f}"
-                    if n_steps:
-                        msg += f", {r['tokens_per_sec']:,.0f} tokens/s, {r['ms_per_iter']:.1f} ms/step"
-                    if bar.disable:
-                        print(msg, flush=True)
-                    else:
-                        bar.write(msg)
-                if it > 0:
-                    self.save()
-                t_steps, n_steps, norms = 0.0, 0, []
-            if it >= end:
-                break
-            t0 = time.perf_counter()
-            s = self.train_step()
-            t_steps += time.perf_counter() - t0
-            n_steps += 1
-            norms.append(s["grad_norm"])
-            bar.update(1)
-            if self.iter % 10 == 0 or self.iter == end:
-                bar.set_postfix(
-                    loss=f"{s['loss']:.3f}",
-                    lr=f"{s['lr']:.1e}",
-                    tok_s=f"{self.tokens_per_step * n_steps / t_steps:,.0f}",
-                    refresh=False,
-                )
-    finally:
-        bar.close()
-    return self.history
+class Trainer:
+    "A training run: model, AdamW, data and batch order, schedule, accumulation, clipping, bfloat16, DDP, checkpoints."
+
+    def __init__(
+        self, model: nn.Module, data: TokenData, cfg: TrainConfig, model_config=None, ranks: Ranks | None = None
+    ):
+        ranks = ranks or Ranks()
+        self.cfg, self.data, self.model_config = cfg, data, model_config
+        self.rank, self.world_size, self.is_main = ranks.rank, ranks.world_size, ranks.rank == 0
+        self.device = pick_device(cfg.device)
+        if self.device.type == "cuda" and ranks.world_size > 1:
+            self.device = torch.device("cuda", ranks.local_rank)  # one GPU per process
+        if self.device.type == "cuda":
+            torch.set_float32_matmul_precision("high")  # TF32 for the float32 matmuls
+        self.dtype = pick_dtype(cfg.dtype, self.device)
+        self.model = model.to(self.device)  # plain: its state_dict is what checkpoints hold
+        self.context_len = cfg.context_len or getattr(getattr(model, "config", None), "max_seq_len", None)
+        if self.context_len is None:
+            raise ValueError("set TrainConfig.context_len: the model has no config.max_seq_len")
+        self.optimizer = make_optimizer(model, cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2), self.device.type)
+        self.compiled_model = torch.compile(model) if cfg.compile else model  # what forward passes run
+        self.ddp_model = self.compiled_model  # what training steps run
+        if ranks.world_size > 1:
+            device_ids = [ranks.local_rank] if self.device.type == "cuda" else None
+            self.ddp_model = DistributedDataParallel(self.compiled_model, device_ids=device_ids)
+        self.batch_generator = torch.Generator().manual_seed(cfg.seed)  # the order of the training batches
+        self.step = 0  # optimizer steps taken
+        self.last_eval_step: int | None = None  # the step of the latest evaluation
+        self.history: list[dict] = []  # one record per evaluation, as in metrics.jsonl
+        self.step_losses: list[float] = []  # the training loss of every step this Trainer took
+        self.out_dir = Path(cfg.out_dir)
+        self.metrics_path = self.out_dir / "metrics.jsonl"
+
+    @property
+    def tokens_per_step(self) -> int:
+        "Tokens in one optimizer step, over all processes."
+        return self.cfg.batch_size * self.context_len * self.cfg.grad_accum * self.world_size
+
+    def batch(self, split: str = "train", generator=None):
+        "This process's share of a batch of `split`, on the training device (from `batch_generator` by default)."
+        data = self.data.train if split == "train" else self.data.val
+        generator = generator or self.batch_generator
+        return get_batch(
+            data, self.cfg.batch_size, self.context_len, generator, self.rank, self.world_size, self.device
+        )
+
+    def _mean_over_ranks(self, x: torch.Tensor) -> torch.Tensor:
+        if self.world_size > 1:
+            dist.all_reduce(x, op=dist.ReduceOp.SUM)
+            x = x / self.world_size
+        return x
+
+    def train_step(self) -> dict:
+        "One optimizer step over `grad_accum` micro-batches; returns its loss, pre-clip gradient norm and lr."
+        cfg = self.cfg
+        lr = cfg.lr_at(self.step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        loss_sum = torch.zeros((), device=self.device)
+        for micro in range(cfg.grad_accum):
+            x, y = self.batch("train")  # (B, T) each
+            last = micro == cfg.grad_accum - 1
+            sync = nullcontext() if last or self.world_size == 1 else self.ddp_model.no_sync()  # average once
+            with sync:
+                with autocast(self.device, self.dtype):
+                    loss = lm_loss(self.ddp_model(x), y) / cfg.grad_accum  # a share of the mean over the batch
+                loss.backward()
+            loss_sum += loss.detach()
+        loss = self._mean_over_ranks(loss_sum).item()  # every process sees the same number
+        self._stop_if_diverged(loss)
+        max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm).item()  # before clipping
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        self.step_losses.append(loss)
+        return {"loss": loss, "grad_norm": grad_norm, "lr": lr}
+
+    def _stop_if_diverged(self, loss: float) -> None:
+        "Drop the gradients and raise `TrainingDiverged` when `loss` is NaN or infinite: the weights stay good."
+        if math.isfinite(loss):
+            return
+        self.optimizer.zero_grad(set_to_none=True)
+        ckpts = list_checkpoints(self.out_dir)
+        raise TrainingDiverged(
+            f"the loss is {loss} at step {self.step}; training stopped before updating the weights. "
+            + (f"The last good checkpoint is {ckpts[-1]}. " if ckpts else "No checkpoint was saved yet. ")
+            + "Try a lower lr, more warmup_iters, or dtype float32."
+        )
+
+    @torch.no_grad()
+    def evaluate(self) -> dict:
+        "Mean loss on `eval_iters` step-sized batches of each split: the same batches at every evaluation of a run."
+        self.compiled_model.eval()
+        out, accum = {}, self.cfg.grad_accum
+        for split in ("train", "val"):
+            g = torch.Generator().manual_seed(self.cfg.seed + 1)
+            losses = torch.zeros(self.cfg.eval_iters, device=self.device)
+            for k in range(self.cfg.eval_iters):
+                for _ in range(accum):  # as many windows as one optimizer step
+                    x, y = self.batch(split, g)  # (B, T) each
+                    with autocast(self.device, self.dtype):
+                        losses[k] += lm_loss(self.compiled_model(x), y) / accum
+            out[split] = self._mean_over_ranks(losses.mean()).item()
+        self.compiled_model.train()
+        return out
+
+    def log(self, record: dict) -> None:
+        "Keep `record` in `history`; on rank 0 also append it to metrics.jsonl."
+        self.history.append(record)
+        if not self.is_main:
+            return
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.metrics_path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def save(self) -> Path | None:
+        "Checkpoint the run at its current step (on rank 0; the other processes return None)."
+        if not self.is_main:
+            return None
+        meta = {
+            "train_config": self.cfg.to_dict(),
+            "model_config": None if self.model_config is None else self.model_config.to_dict(),
+            "last_eval_iter": self.last_eval_step,
+            "world_size": self.world_size,
+        }
+        return save_checkpoint(
+            self.out_dir,
+            self.step,
+            self.model,
+            self.optimizer,
+            self.batch_generator,
+            tokenizer=self.data.tokenizer,
+            meta=meta,
+            keep_last=self.cfg.keep_last,
+        )
+
+    def load(self, path) -> Path:
+        "Restore what `save` wrote (weights, optimizer, RNG states, batch generator, step) from `path`."
+        return self._restore(checkpoint_state(path))
+
+    def _restore(self, state: dict) -> Path:
+        "Restore the checkpoint whose `state.json` is `state` (as `checkpoint_state` returns it, with its `path`)."
+        folder = state["path"]
+        load_weights(self.model, folder)
+        self.optimizer.load_state_dict(load_optimizer_state(folder, state))
+        self.batch_generator.set_state(restore_rng(folder, state))
+        if self.rank > 0:  # only rank 0's RNG is saved: the others reseed their own dropout stream
+            torch.manual_seed(self.cfg.seed + 1000 * self.rank + state["iter"])
+        self.step, self.last_eval_step = state["iter"], state.get("last_eval_iter")
+        self.history = [r for r in read_metrics(self.metrics_path) if r["iter"] <= self.step]
+        if self.is_main:
+            _rewrite_metrics(self.metrics_path, self.history)  # the steps after the checkpoint are redone
+        return folder
+
+    def fit(self, stop_at: int | None = None) -> list[dict]:
+        "Train to `cfg.max_iters` (or stop after step `stop_at`); evaluate, log and checkpoint every `eval_interval`."
+        end = self.cfg.max_iters if stop_at is None else min(stop_at, self.cfg.max_iters)
+        if self.is_main:
+            save_run_config(self.out_dir, self.cfg, self.model_config)
+        bar, interval, t_start = self._progress_bar(), _Interval(), time.perf_counter()
+        try:
+            while True:
+                if self._evaluation_due(end):
+                    self._evaluate_and_log(interval, t_start, bar)
+                    if self.step > 0:
+                        self.save()
+                    interval = _Interval()
+                if self.step >= end:
+                    return self.history
+                t0 = time.perf_counter()
+                stats = self.train_step()
+                interval.add(time.perf_counter() - t0, stats["grad_norm"])
+                self._show_progress(bar, stats, interval, end)
+        finally:
+            bar.close()
+
+    def _evaluation_due(self, end: int) -> bool:
+        "Every `eval_interval` steps and at `end`, once per step (a resumed run does not redo its last one)."
+        return (self.step % self.cfg.eval_interval == 0 or self.step == end) and self.step != self.last_eval_step
+
+    def _evaluate_and_log(self, interval: _Interval, t_start: float, bar) -> None:
+        "Evaluate at this step, record it (history and metrics.jsonl) and print a line on rank 0."
+        losses = self.evaluate()
+        self.last_eval_step = self.step
+        n, seconds = interval.steps, interval.seconds
+        record = {
+            "iter": self.step,
+            "train_loss": losses["train"],
+            "val_loss": losses["val"],
+            "lr": self.cfg.lr_at(max(self.step - 1, 0)),  # the rate of the last step taken (of the next one at 0)
+            "tokens_per_sec": n * self.tokens_per_step / seconds if n else 0.0,
+            "grad_norm": sum(interval.grad_norms) / n if n else None,
+            "ms_per_iter": 1000 * seconds / n if n else None,
+            "elapsed_s": time.perf_counter() - t_start,
+        }
+        self.log(record)
+        if not self.is_main:
+            return
+        msg = f"step {self.step}: train loss {record['train_loss']:.4f}, val loss {record['val_loss']:.4f}"
+        if n:
+            msg += f", {record['tokens_per_sec']:,.0f} tokens/s, {record['ms_per_iter']:.1f} ms/step"
+        if bar.disable:
+            print(msg, flush=True)
+        else:
+            bar.write(msg)
+
+    def _progress_bar(self) -> tqdm:
+        "A bar over the whole run on rank 0, if `cfg.progress`."
+        return tqdm(
+            total=self.cfg.max_iters,
+            initial=self.step,
+            disable=None if self.cfg.progress and self.is_main else True,  # None: off when stderr is no terminal
+            desc="train",
+            unit="step",
+            dynamic_ncols=True,
+            mininterval=0.5,
+        )
+
+    def _show_progress(self, bar, stats: dict, interval: _Interval, end: int) -> None:
+        "Advance the bar; every 10 steps (and at the end) show the loss, the learning rate and the throughput."
+        bar.update(1)
+        if self.step % 10 == 0 or self.step == end:
+            tokens_per_sec = self.tokens_per_step * interval.steps / interval.seconds
+            bar.set_postfix(
+                loss=f"{stats['loss']:.3f}", lr=f"{stats['lr']:.1e}", tok_s=f"{tokens_per_sec:,.0f}", refresh=False
+            )
 
 # %% ../nbs/08_training.ipynb #e5c18959
 def plot_metrics(metrics, ax=None, title: str | None = None):
@@ -673,48 +486,38 @@ def plot_metrics(metrics, ax=None, title: str | None = None):
     return ax
 
 # %% ../nbs/08_training.ipynb #3fd58852
-def init_distributed() -> tuple[int, int, int]:
-    "Join the process group when launched by `torchrun` (WORLD_SIZE > 1): NCCL on GPUs, else gloo. Returns (rank, local_rank, world_size)."
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world == 1:
-        return 0, 0, 1
-    local = int(os.environ.get("LOCAL_RANK", "0"))
+def init_distributed() -> Ranks:
+    "Join the process group when launched by `torchrun` (WORLD_SIZE > 1): NCCL on GPUs, else gloo."
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size == 1:
+        return Ranks()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if not dist.is_initialized():
         use_nccl = torch.cuda.is_available() and os.environ.get("GPTBOOK_DDP_BACKEND", "nccl") == "nccl"
         if use_nccl:
-            torch.cuda.set_device(local)
+            torch.cuda.set_device(local_rank)
         dist.init_process_group("nccl" if use_nccl else "gloo")
-    return dist.get_rank(), local, dist.get_world_size()
-
-# %% ../nbs/08_training.ipynb #88b4e49f
-PRESETS = ("baby", "gpt2-small", "llama-style")
-
-
-def model_config_for(preset: str, vocab_size: int, **overrides) -> GPTConfig:
-    "The `GPTConfig` of a preset ('baby', 'gpt2-small', 'llama-style') for `vocab_size` ids, with `overrides` applied."
-    makers = {
-        "baby": lambda: GPTConfig.baby(vocab_size),
-        "gpt2-small": GPTConfig.gpt2_small,
-        "llama-style": GPTConfig.llama_style,
-    }
-    if preset not in makers:
-        raise ValueError(f"unknown preset {preset!r}: use one of {', '.join(PRESETS)}")
-    base = makers[preset]()
-    known = {f.name for f in dataclasses.fields(base)}
-    if bad := sorted(set(overrides) - known):
-        raise ValueError(f"unknown GPTConfig field(s) {', '.join(bad)}; the fields are {', '.join(sorted(known))}")
-    return dataclasses.replace(base, **{"vocab_size": vocab_size, **overrides})
+    return Ranks(dist.get_rank(), local_rank, dist.get_world_size())
 
 # %% ../nbs/08_training.ipynb #170ac749
-def _clear_run(out_dir: Path) -> int:
-    "Remove the checkpoints, leftovers and metrics of an earlier run in `out_dir`; returns the number of checkpoints."
-    old = list_checkpoints(out_dir)
-    for p in old:
-        _remove_dir(p)
-    if out_dir.is_dir():
-        _remove_leftovers(out_dir)
+def _clear_run(out_dir: Path) -> None:
+    "Remove the checkpoints, leftovers and metrics of an earlier run in `out_dir`, and say so."
+    n = clear_checkpoints(out_dir)
     (out_dir / "metrics.jsonl").unlink(missing_ok=True)
-    return len(old)
+    if n:
+        print(
+            f"note: fresh run in {out_dir}: removed {n} checkpoint(s) of an earlier run "
+            "(resume to continue a run instead)",
+            file=sys.stderr,
+        )
+
+
+def _new_model(model_config: GPTConfig, seed: int, rank: int) -> GPT:
+    "A GPT with the same initial weights in every process, then a dropout stream of its own per process."
+    torch.manual_seed(seed)
+    model = GPT(model_config)
+    torch.manual_seed(seed + rank)
+    return model
 
 
 def train(
@@ -724,38 +527,28 @@ def train(
     resume: bool = False,
     data: TokenData | None = None,
 ) -> Trainer:
-    "Train a GPT as `cfg` says, from scratch or (`resume=True`) from the latest checkpoint in `cfg.out_dir`; returns the Trainer."
-    rank, _, world = init_distributed()
-    folder, tokenizer = None, None
-    if resume:
-        folder = find_checkpoint((cfg or TrainConfig()).out_dir)
-        state = _read_state(folder)
-        cfg = cfg or TrainConfig.from_dict(state["train_config"])
-        model_config = GPTConfig.from_dict(state["model_config"])
-        tokenizer = _load_tokenizer(folder, state["tokenizer"])
+    "Train a GPT as `cfg` says, from scratch or (`resume=True`) from the latest checkpoint in `cfg.out_dir`."
+    ranks = init_distributed()
+    saved = checkpoint_state((cfg or TrainConfig()).out_dir) if resume else None
+    if saved is not None:
+        cfg = cfg or TrainConfig.from_dict(saved["train_config"])
+        model_config = GPTConfig.from_dict(saved["model_config"])
     cfg = cfg or TrainConfig()
     if data is None:
+        tokenizer = None if saved is None else _load_tokenizer(saved["path"], saved)
         data = load_token_data(tokenizer or cfg.tokenizer, cfg.bpe_vocab_size, cfg.data_path, cfg.val_fraction)
-    if model_config is None:
-        model_config = model_config_for(cfg.preset, data.vocab_size, **cfg.model_overrides)
+    model_config = model_config or GPTConfig.from_preset(cfg.preset, data.vocab_size, **cfg.model_overrides)
     if model_config.vocab_size < data.vocab_size:
         raise ValueError(
             f"the model's vocab_size {model_config.vocab_size} is smaller than the tokenizer's {data.vocab_size}"
         )
-    out_dir = Path(cfg.out_dir)
     pick_dtype(cfg.dtype, pick_device(cfg.device))  # a bad device or dtype fails here, before an earlier run is removed
-    if not resume and rank == 0 and (n := _clear_run(out_dir)):
-        print(
-            f"note: fresh run in {out_dir}: removed {n} checkpoint(s) of an earlier run (resume to continue a run instead)",
-            file=sys.stderr,
-        )
-    if world > 1:
+    if saved is None and ranks.rank == 0:
+        _clear_run(Path(cfg.out_dir))
+    if ranks.world_size > 1:
         dist.barrier()
-    torch.manual_seed(cfg.seed)  # the same initial weights in every process
-    model = GPT(model_config)
-    torch.manual_seed(cfg.seed + rank)  # then a dropout stream of its own per process
-    trainer = Trainer(model, data, cfg, model_config)
-    if resume:
-        trainer.load(folder)
+    trainer = Trainer(_new_model(model_config, cfg.seed, ranks.rank), data, cfg, model_config, ranks)
+    if saved is not None:
+        trainer._restore(saved)
     trainer.fit()
     return trainer

@@ -3,7 +3,6 @@
 import functools
 import hashlib
 import http.server
-import os
 import threading
 from pathlib import Path
 

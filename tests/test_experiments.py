@@ -229,7 +229,7 @@ def test_full_val_loss_is_the_mean_over_every_window():
             torch.nn.functional.cross_entropy(gpt(ids[i : i + 8][None])[0], ids[i + 1 : i + 9], reduction="sum")
             for i in range(0, 40, 8)
         ]
-    assert got == pytest.approx(sum(l.item() for l in losses) / 40, rel=1e-6)
+    assert got == pytest.approx(sum(loss.item() for loss in losses) / 40, rel=1e-6)
 
 
 def test_compare_verdicts():

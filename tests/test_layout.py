@@ -83,7 +83,7 @@ def test_notebook_front_matter_and_hygiene(nb_path):
     )
     first = nb["cells"][0]
     assert first["cell_type"] == "markdown"
-    lines = [l for l in "".join(first["source"]).splitlines() if l.strip()]
+    lines = [line for line in "".join(first["source"]).splitlines() if line.strip()]
     assert len(lines) == 2 and lines[0].startswith("# ") and lines[1].startswith("> "), (
         "the first cell holds only '# Title' and '> summary' (nbdev turns it into front matter)"
     )
@@ -246,8 +246,17 @@ def test_test_workflow():
         "git status --porcelain",
         "nbdev_test",
         "pytest",
+        "ruff format --check .",
+        "ruff check .",
     ):
         assert needed in run, needed
+
+
+def test_ci_runs_the_ruff_gate():
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "ruff format --check ." in ci and "ruff check ." in ci
+    conf = (ROOT / "pyproject.toml").read_text()
+    assert "[tool.ruff]" in conf and "line-length = 120" in conf
 
 
 def test_deploy_workflow():

@@ -1,6 +1,5 @@
 """The wheel installs and imports with its runtime requirements only (no nbdev, no fastcore)."""
 
-import os
 import subprocess
 import sys
 import venv
@@ -39,7 +38,8 @@ def test_wheel_installs_and_imports_without_dev_tools(tmp_path):
         "import importlib, importlib.util, pkgutil, gptbook\n"
         "for dev in ('nbdev', 'fastcore', 'execnb', 'matplotlib', 'pytest'):\n"
         "    assert importlib.util.find_spec(dev) is None, dev + ' should not be installed'\n"
-        "names = [m.name for m in pkgutil.walk_packages(gptbook.__path__, 'gptbook.') if m.name != 'gptbook.__main__']\n"
+        "mods = pkgutil.walk_packages(gptbook.__path__, 'gptbook.')\n"
+        "names = [m.name for m in mods if m.name != 'gptbook.__main__']\n"
         "for name in names: importlib.import_module(name)\n"
         "assert 'gptbook.data' in names\n"
         "print(gptbook.__version__, len(names))\n"

@@ -14,6 +14,7 @@ from gptbook.tokenizer import (
     CharTokenizer,
     apply_merges,
     bpe_merges,
+    load_tokenizer,
     merge_pair,
     pretokenize,
     train_bpe_naive,
@@ -298,6 +299,90 @@ def test_load_errors(tok, tmp_path):
         BPETokenizer.load(tmp_path / "v2.json")
 
 
+def test_load_tokenizer_dispatches_on_type(tok, tmp_path):
+    tok.save(tmp_path / "bpe.json")
+    CharTokenizer.train("hello").save(tmp_path / "char.json")
+    back = load_tokenizer(tmp_path / "bpe.json")
+    assert type(back) is BPETokenizer and list(back.merges.items()) == list(tok.merges.items())
+    assert back.special_tokens == tok.special_tokens and back.pattern == tok.pattern
+    char = load_tokenizer(tmp_path / "char.json")
+    assert type(char) is CharTokenizer and char.chars == ["e", "h", "l", "o"]
+
+
+def test_files_without_type_are_recognised_by_their_keys(tok, tmp_path):
+    (tmp_path / "char.json").write_text(json.dumps({"chars": ["a", "b"]}), encoding="utf-8")
+    assert load_tokenizer(tmp_path / "char.json").chars == ["a", "b"]
+    assert CharTokenizer.load(tmp_path / "char.json").chars == ["a", "b"]
+    tok.save(tmp_path / "tok.json")
+    d = json.loads((tmp_path / "tok.json").read_text(encoding="utf-8"))
+    del d["type"], d["version"]
+    (tmp_path / "old.json").write_text(json.dumps(d), encoding="utf-8")
+    for back in (load_tokenizer(tmp_path / "old.json"), BPETokenizer.load(tmp_path / "old.json")):
+        assert type(back) is BPETokenizer and back.merges == tok.merges and back.special_tokens == tok.special_tokens
+    with pytest.raises(ValueError, match="use BPETokenizer.load"):
+        CharTokenizer.load(tmp_path / "old.json")
+
+
+def test_load_tokenizer_errors(tmp_path):
+    (tmp_path / "other.json").write_text(json.dumps({"type": "wordpiece", "vocab": {}}), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"its \"type\" is 'wordpiece', expected \"char\" or \"bpe\""):
+        load_tokenizer(tmp_path / "other.json")
+    (tmp_path / "odd.json").write_text(json.dumps({"type": ["bpe"]}), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"its \"type\" is \['bpe'\]"):
+        load_tokenizer(tmp_path / "odd.json")
+    (tmp_path / "list.json").write_text("[1, 2]", encoding="utf-8")
+    with pytest.raises(ValueError, match="not a gptbook tokenizer file"):
+        load_tokenizer(tmp_path / "list.json")
+    (tmp_path / "cut.json").write_text('{"type": "bpe", "merges": [[32, 1', encoding="utf-8")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        load_tokenizer(tmp_path / "cut.json")
+    with pytest.raises(FileNotFoundError):
+        load_tokenizer(tmp_path / "missing.json")
+
+
+def test_save_is_atomic(tmp_path, monkeypatch):
+    path = tmp_path / "tok.json"
+    BPETokenizer.train("hello hello", 258).save(path)
+    before = path.read_text(encoding="utf-8")
+    tok = BPETokenizer.train("abcabcabc", 259)
+
+    calls, dumps = [], json.dumps
+
+    def dumps_then_fail(*args, **kwargs):
+        calls.append(1)
+        if len(calls) > 5:
+            raise RuntimeError("disk full")
+        return dumps(*args, **kwargs)
+
+    monkeypatch.setattr(json, "dumps", dumps_then_fail)  # fails halfway through the file
+    with pytest.raises(RuntimeError, match="disk full"):
+        tok.save(path)
+    monkeypatch.undo()
+    assert path.read_text(encoding="utf-8") == before  # the old file, whole
+    assert [p.name for p in tmp_path.iterdir()] == ["tok.json"]  # and no temporary file left behind
+    tok.save(tmp_path / "sub" / "tok.json")  # the folder is created
+    assert BPETokenizer.load(tmp_path / "sub" / "tok.json").merges == tok.merges
+
+
+def test_save_load_without_merges(tmp_path):
+    tok = BPETokenizer([], special_tokens=[EOT])
+    tok.save(tmp_path / "empty.json")
+    back = load_tokenizer(tmp_path / "empty.json")
+    assert back.merges == {} and back.special_tokens == {EOT: 256} and back.vocab_size == 257
+
+
+def test_bounded_chunk_cache_gives_the_same_ids(tok, split):
+    small = BPETokenizer(tok.merges, tok.pattern, tok.special_tokens)
+    small.cache_limit = 5_000  # below the 10,000 tokens the cache starts with: it is renewed at every call
+    sample = split[1][:20_000]
+    caches = []
+    for _ in range(2):
+        assert small.encode(sample) == tok.encode(sample)
+        caches.append(small._cache)
+    assert caches[0] is not caches[1]
+    assert len(small._cache) <= tok.vocab_size + len(set(pretokenize(sample)))
+
+
 # ---------------------------------------------------------------- errors
 
 
@@ -312,7 +397,7 @@ def test_training_errors():
         BPETokenizer.train("hello", True)
     with pytest.raises(ValueError, match="empty"):
         BPETokenizer.train("", 300)
-    with pytest.raises(TypeError, match="expects a str"):
+    with pytest.raises(TypeError, match=r"expects a str, got bytes; decode it first"):
         BPETokenizer.train(b"hello", 300)
     with pytest.raises(ValueError, match="lone surrogate"):
         BPETokenizer.train("a\ud800b", 300)

@@ -1,15 +1,9 @@
-"""gptbook.train and the token data of gptbook.data: schedule, AdamW groups, batches, checkpoints
-(atomic, pickle-free, bit-exact resume), NaN handling, metrics."""
+"""gptbook.train and the token data of gptbook.data: schedule, AdamW groups, batches, the run config,
+bit-exact resume, NaN handling, metrics. The checkpoint format itself: tests/test_checkpoint.py."""
 
 import dataclasses
 import json
 import math
-import os
-import signal
-import subprocess
-import sys
-import textwrap
-import time
 from pathlib import Path
 
 import numpy as np
@@ -18,23 +12,24 @@ import torch
 import torch.nn as nn
 from hypothesis import given, settings, strategies as st
 
-from gptbook.data import TokenData, get_batch, load_token_data, load_tokens, save_tokens
-from gptbook.model import GPT, GPTConfig
+from gptbook.checkpoint import list_checkpoints
+from gptbook.data import get_batch, load_token_data, load_tokens, save_tokens
+from gptbook.model import GPT, PRESETS, GPTConfig, lm_loss
+from gptbook.options import OptionError, choices_of, field_types
 from gptbook.tokenizer import CharTokenizer
 from gptbook.train import (
-    CKPT_FILES,
+    Ranks,
     Trainer,
     TrainConfig,
     TrainingDiverged,
-    list_checkpoints,
+    init_distributed,
     load_checkpoint,
-    lm_loss,
+    load_run_config,
     lr_at,
     make_optimizer,
-    model_config_for,
     param_groups,
     read_metrics,
-    save_checkpoint,
+    save_run_config,
     train,
 )
 
@@ -231,19 +226,52 @@ def test_adamw_decays_exactly_the_decay_group():
         torch.testing.assert_close(p.detach(), before[n] * factor, msg=n)
 
 
-def test_model_config_for_presets():
-    assert model_config_for("baby", 65) == GPTConfig.baby(65)
-    assert model_config_for("gpt2-small", 100).vocab_size == 100
-    with pytest.raises(ValueError, match="n_layerz"):
-        model_config_for("baby", 65, n_layerz=3)
+def test_presets_and_overrides():
+    assert choices_of(field_types(TrainConfig)["preset"]) == PRESETS
+    assert GPTConfig.from_preset("gpt2-small", 100).vocab_size == 100
+    with pytest.raises(OptionError, match="n_layerz") as e:
+        TrainConfig(model_overrides={"n_layerz": 3})  # caught when the config is built, not when training starts
+    assert e.value.field == "model_overrides"
 
 
 def test_train_config_validates_and_roundtrips():
     cfg = TrainConfig(max_iters=7, model_overrides={"n_layers": 2})
     assert TrainConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
-    for bad in ({"batch_size": 0}, {"lr": 0.0}, {"tokenizer": "words"}, {"max_iters": -1}):
+    for bad in ({"batch_size": 0}, {"lr": 0.0}, {"tokenizer": "words"}, {"max_iters": -1}, {"dtype": "float16"}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             TrainConfig(**bad)
+    with pytest.raises(OptionError, match="unknown TrainConfig field"):
+        TrainConfig.from_dict({**cfg.to_dict(), "learning_rate": 0.1})  # a typo is an error, never a default
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"max_iters": 0}, "max_iters must be at least 1, got 0 (a run that takes no step saves nothing)"),
+        ({"lr": 0.0}, "lr must be positive, got 0.0"),
+        ({"beta2": 1.0}, "beta2 must be in [0, 1), got 1.0"),
+        ({"val_fraction": 1.0}, "val_fraction must be in (0, 1), got 1.0"),
+        ({"min_lr_ratio": 2.0}, "min_lr_ratio must be in [0, 1], got 2.0"),
+        ({"grad_clip": -1.0}, "grad_clip must be at least 0, got -1.0 (0 turns clipping off)"),
+        ({"weight_decay": -1.0}, "weight_decay must be at least 0, got -1.0"),
+        ({"tokenizer": "words"}, "tokenizer must be one of 'char', 'bpe', got 'words'"),
+        ({"batch_size": 1.5}, "batch_size must be an integer, got 1.5"),
+    ],
+)
+def test_train_config_messages(bad, message):
+    with pytest.raises(OptionError) as e:
+        TrainConfig(**bad)
+    assert str(e.value) == message and e.value.field == next(iter(bad))
+
+
+def test_every_field_has_help():
+    for f in dataclasses.fields(TrainConfig):
+        assert f.metadata["help"], f.name
+    assert {f.name: f.metadata["flag"] for f in dataclasses.fields(TrainConfig) if f.metadata["flag"]} == {
+        "out_dir": "--out",
+        "data_path": "--data",
+    }
+    assert [f.name for f in dataclasses.fields(TrainConfig) if not f.metadata["cli"]] == ["model_overrides"]
 
 
 # --- the loop ------------------------------------------------------------------------------------
@@ -255,7 +283,7 @@ def test_grad_accum_equals_one_big_batch(chars, tmp_path):
     for _ in range(3):
         sa, sb = a.train_step(), b.train_step()
         assert sa["loss"] == pytest.approx(sb["loss"], abs=1e-5)
-    for p, q in zip(a.raw_model.parameters(), b.raw_model.parameters()):
+    for p, q in zip(a.model.parameters(), b.model.parameters()):
         torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-4)
 
 
@@ -271,21 +299,12 @@ def test_metrics_and_checkpoint_files(chars, tmp_path):
     assert recs[-1]["val_loss"] < recs[0]["val_loss"]
     assert recs[0]["train_loss"] == pytest.approx(math.log(65), abs=0.3)
     assert [p.name for p in list_checkpoints(tmp_path)] == ["ckpt_0000015", "ckpt_0000020"]
-    folder = list_checkpoints(tmp_path)[-1]
-    assert sorted(p.name for p in folder.iterdir()) == sorted(CKPT_FILES + ("tokenizer.json",))
-    # nothing in a checkpoint is a pickle: safetensors (8-byte header length, then JSON) and JSON only
-    for f in folder.iterdir():
-        head = f.read_bytes()[:16]
-        assert not head.startswith(b"\x80"), f"{f.name} looks like a pickle"
-        if f.suffix == ".json":
-            json.loads(f.read_text())
-        else:
-            n = int.from_bytes(head[:8], "little")
-            json.loads(f.read_bytes()[8 : 8 + n])
     ck = load_checkpoint(tmp_path)
     assert ck.iter == 20 and not ck.model.training and isinstance(ck.tokenizer, CharTokenizer)
+    assert ck.train_config == t.cfg and ck.model_config == tiny_config()
     x = torch.randint(0, 65, (2, 16))
-    torch.testing.assert_close(ck.model(x), t.raw_model.eval()(x))
+    torch.testing.assert_close(ck.model(x), t.model.eval()(x))
+    assert next(load_checkpoint(tmp_path, device="cpu").model.parameters()).device.type == "cpu"
 
 
 def test_bit_exact_resume(chars, tmp_path):
@@ -300,7 +319,7 @@ def test_bit_exact_resume(chars, tmp_path):
     np.random.seed(5)
     rest = train(tiny_cfg(tmp_path / "resumed", **cfg), resume=True, data=chars)
     assert first.step_losses + rest.step_losses == straight.step_losses
-    for (name, p), q in zip(straight.raw_model.state_dict().items(), rest.raw_model.state_dict().values()):
+    for (name, p), q in zip(straight.model.state_dict().items(), rest.model.state_dict().values()):
         assert torch.equal(p, q), name
     opt_a, opt_b = straight.optimizer.state_dict(), rest.optimizer.state_dict()
     assert opt_a["param_groups"] == opt_b["param_groups"]
@@ -309,7 +328,10 @@ def test_bit_exact_resume(chars, tmp_path):
         assert s.keys() == opt_b["state"][i].keys() and all(
             torch.equal(v, opt_b["state"][i][k]) for k, v in s.items()
         ), i
-    strip = lambda recs: [(r["iter"], r["train_loss"], r["val_loss"], r["lr"]) for r in recs]
+
+    def strip(recs):
+        return [(r["iter"], r["train_loss"], r["val_loss"], r["lr"]) for r in recs]
+
     assert strip(read_metrics(tmp_path / "resumed")) == strip(read_metrics(tmp_path / "straight"))
 
 
@@ -346,17 +368,17 @@ def test_nan_stops_the_run_and_keeps_the_last_good_checkpoint(chars, tmp_path):
         calls["n"] += 1
         return output * float("nan") if calls["n"] > 6 else output
 
-    t.raw_model.register_forward_hook(poison)
-    before = {k: v.clone() for k, v in t.raw_model.state_dict().items()}
+    t.model.register_forward_hook(poison)
+    before = {k: v.clone() for k, v in t.model.state_dict().items()}
     with pytest.raises(TrainingDiverged, match=r"at step (\d+)") as e:
         t.fit()
-    step = t.iter
+    step = t.step
     assert f"at step {step}" in str(e.value) and "ckpt_0000004" in str(e.value)
     assert step == 6
     ck = load_checkpoint(tmp_path)
     assert ck.iter == 4 and all(torch.isfinite(v).all() for v in ck.model.state_dict().values())
-    assert all(torch.isfinite(p).all() for p in t.raw_model.parameters())  # the NaN step was never applied
-    assert any(not torch.equal(before[k], v) for k, v in t.raw_model.state_dict().items())
+    assert all(torch.isfinite(p).all() for p in t.model.parameters())  # the NaN step was never applied
+    assert any(not torch.equal(before[k], v) for k, v in t.model.state_dict().items())
 
 
 def test_missing_checkpoint_message(tmp_path):
@@ -367,52 +389,39 @@ def test_missing_checkpoint_message(tmp_path):
         load_checkpoint(tmp_path / "empty")
 
 
-# --- atomic checkpoints: kill a process in the middle of a save -----------------------------------
-
-_SAVER = textwrap.dedent("""
-    import sys, time, shutil, torch
-    import gptbook.train as T
-    from gptbook.model import GPT, GPTConfig
-    out = sys.argv[1]
-    real_fsync, real_rmtree = T._fsync_file, shutil.rmtree
-    def slow_fsync(p): time.sleep(0.04); real_fsync(p)           # widen the window of every save phase
-    def slow_rmtree(p, **kw): time.sleep(0.1); real_rmtree(p, **kw)
-    T._fsync_file, T.shutil.rmtree = slow_fsync, slow_rmtree
-    torch.manual_seed(0)
-    config = GPTConfig.baby(65)
-    model = GPT(config)
-    opt = T.make_optimizer(model)
-    i = 0
-    while True:
-        i += 1
-        with torch.no_grad():
-            for p in model.parameters(): p.fill_(float(i))          # step i's weights are all equal to i
-        print("begin", i, flush=True)
-        T.save_checkpoint(out, i, model, opt, torch.Generator(), None, config, None)
-        print("done", i, flush=True)
-""")
+# --- the run config ------------------------------------------------------------------------------
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("delay", [0.03, 0.15, 0.27])
-def test_kill_during_save_leaves_a_loadable_checkpoint(tmp_path, delay):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-c", _SAVER, str(tmp_path)], stdout=subprocess.PIPE, text=True, env=env)
-    try:
-        for line in proc.stdout:  # wait until save 2 is complete and save 3 has begun
-            if line.split() == ["begin", "3"]:
-                break
-        time.sleep(delay)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    ck = load_checkpoint(tmp_path)
-    assert ck.iter in (2, 3)
-    assert all(torch.all(v == ck.iter) for v in ck.model.state_dict().values())
-    for folder in list_checkpoints(tmp_path):  # every folder named ckpt_* is complete
-        assert all((folder / f).is_file() for f in CKPT_FILES)
-    # the next save cleans up what the killed one left behind
-    save_checkpoint(tmp_path, 4, ck.model, keep_last=1)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt_0000004"]
+def test_a_run_writes_its_config_and_can_be_replayed(chars, tmp_path):
+    overrides = {"n_layers": 1, "n_heads": 2, "d_model": 32, "max_seq_len": 16}
+    first = train(tiny_cfg(tmp_path / "a", max_iters=6, model_overrides=overrides), data=chars)
+    written = json.loads((tmp_path / "a" / "config.json").read_text())
+    assert written == {"train_config": first.cfg.to_dict(), "model_config": first.model_config.to_dict()}
+    cfg, model_config = load_run_config(tmp_path / "a")
+    assert (cfg, model_config) == (first.cfg, first.model_config)
+    assert load_run_config(tmp_path / "a" / "config.json") == (cfg, model_config)
+    assert load_run_config(list_checkpoints(tmp_path / "a")[-1]) == (cfg, model_config)  # a checkpoint's state.json
+    (tmp_path / "a" / "config.json").unlink()
+    assert load_run_config(tmp_path / "a") == (cfg, model_config)  # an older run: its latest checkpoint
+    again = train(cfg.replace(out_dir=str(tmp_path / "b")), model_config, data=chars)
+    assert again.step_losses == first.step_losses
+
+
+def test_run_config_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no run config"):
+        load_run_config(tmp_path / "missing.json")
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(ValueError, match="bad.json is not valid JSON"):
+        load_run_config(tmp_path / "bad.json")
+    (tmp_path / "flat.json").write_text(json.dumps(TrainConfig().to_dict()))
+    with pytest.raises(ValueError, match='no "train_config"'):
+        load_run_config(tmp_path / "flat.json")
+    (tmp_path / "typo.json").write_text(json.dumps({"train_config": {"max_iter": 5}}))
+    with pytest.raises(OptionError, match="max_iter"):
+        load_run_config(tmp_path / "typo.json")
+    save_run_config(tmp_path / "run", TrainConfig(max_iters=5))  # no model config: the preset decides
+    assert load_run_config(tmp_path / "run") == (TrainConfig(max_iters=5), None)
+
+
+def test_one_process_ranks():
+    assert init_distributed() == Ranks(0, 0, 1) == Ranks()
