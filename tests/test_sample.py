@@ -193,7 +193,7 @@ def test_filters_never_remove_every_token(z, T, k, p, m):
 @pytest.mark.parametrize(
     "call, msg",
     [
-        (lambda z: apply_temperature(z, -1.0), "temperature must be at least 0, got -1.0 (0 means greedy"),
+        (lambda z: apply_temperature(z, -1.0), "temperature must be >= 0, got -1.0 (0 means greedy"),
         (lambda z: apply_temperature(z, math.nan), "temperature must be a finite number, got nan"),
         (lambda z: apply_temperature(z, math.inf), "temperature must be a finite number, got inf"),
         (lambda z: top_k_filter(z, 0), "top_k must be at least 1, got 0"),
@@ -430,7 +430,7 @@ def test_forced_prompt_tokens_never_trigger_stop():
 @pytest.mark.parametrize(
     "kwargs, exc, msg",
     [
-        (dict(temperature=-0.1), ValueError, "temperature must be at least 0"),
+        (dict(temperature=-0.1), ValueError, "temperature must be >= 0"),
         (dict(top_p=0), ValueError, "top_p must be in (0, 1]"),
         (dict(top_p=2), ValueError, "top_p must be in (0, 1]"),
         (dict(top_k=0), ValueError, "top_k must be at least 1"),
@@ -438,7 +438,7 @@ def test_forced_prompt_tokens_never_trigger_stop():
         (dict(repetition_penalty=0), ValueError, "repetition_penalty must be"),
         (dict(stop=99), ValueError, "stop token id 99"),
         (dict(stop=[]), ValueError, "stop must hold at least one value (None for none)"),
-        (dict(stop=[1, -2]), ValueError, "stop must be at least 0, got -2"),
+        (dict(stop=[1, -2]), ValueError, "stop must be >= 0, got -2"),
         (dict(stop=True), ValueError, "stop must be an integer, got True"),
         (dict(stop=2.0), ValueError, "stop must be a tuple, got 2.0"),
         (dict(config=dict(temperature=0)), TypeError, "config must be a SamplingConfig, got dict"),
@@ -466,7 +466,7 @@ def test_generate_bad_prompts():
         generate(m, torch.tensor([[1.0, 2.0]]), 3)
     with pytest.raises(ValueError, match="outside the model's vocabulary 0..22"):
         generate(m, torch.tensor([[1, 23]]), 3)
-    with pytest.raises(ValueError, match="max_new_tokens must be at least 0"):
+    with pytest.raises(ValueError, match="max_new_tokens must be >= 0"):
         generate(m, torch.tensor([[1]]), -2)
     assert torch.equal(generate(m, torch.tensor([[1, 2]]), 0), torch.tensor([[1, 2]]))
 
