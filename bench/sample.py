@@ -17,15 +17,15 @@ from pathlib import Path
 import torch
 
 from gptbook.model import GPT, GPTConfig
-from gptbook.sample import generate
+from gptbook.sample import SamplingConfig, generate
 
 
 @torch.no_grad()
 def minimal_plain_loop(model, idx, max_new_tokens):
     "The textbook loop with nothing around it: crop, run the full context, argmax of the last logits, append."
-    n_ctx = model.config.max_seq_len
+    max_seq_len = model.config.max_seq_len
     for _ in range(max_new_tokens):
-        last = model(idx[:, -n_ctx:])[:, -1, :]  # (B, vocab_size)
+        last = model(idx[:, -max_seq_len:])[:, -1, :]  # (B, vocab_size)
         idx = torch.cat([idx, last.argmax(-1, keepdim=True)], dim=1)  # (B, T + 1)
     return idx
 
@@ -82,9 +82,10 @@ def main():
     generate(model, prompt, 8, temperature=0)  # warm-up (allocator, kernels)
     generate(model, prompt, 8, temperature=0, use_cache=False)
 
+    greedy = SamplingConfig(max_new_tokens=a.new_tokens, temperature=0)
     methods = {
-        "generate, KV cache": lambda: generate(model, prompt, a.new_tokens, temperature=0, use_cache=True),
-        "generate, no cache": lambda: generate(model, prompt, a.new_tokens, temperature=0, use_cache=False),
+        "generate, KV cache": lambda: generate(model, prompt, config=greedy),
+        "generate, no cache": lambda: generate(model, prompt, config=greedy.replace(use_cache=False)),
         "minimal plain loop (nanoGPT-style)": lambda: minimal_plain_loop(model, prompt, a.new_tokens),
     }
     # On a machine shared with other jobs the wall clock measures the other jobs too. With one

@@ -1,9 +1,14 @@
 """Tests for gptbook.sample: filters against a NumPy reference and hypothesis properties; generation
 with and without the KV cache (a stand-in model and the real GPT, every position type and GQA, past
-max_seq_len); seeded reproducibility; batches of ragged prompts vs one by one; UTF-8 streaming."""
+max_seq_len); seeded reproducibility; batches of ragged prompts vs one by one; UTF-8 streaming and
+stop strings; SamplingConfig: checked once per call, keywords overriding it, the filters' checks the same."""
 
 import codecs
+import dataclasses
+import inspect
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,8 +16,11 @@ import torch
 from hypothesis import given, settings, strategies as st
 from torch import nn
 
+import gptbook.options
+import gptbook.sample
+from gptbook.options import OptionError
 from gptbook.sample import (
-    Utf8Decoder,
+    SamplingConfig,
     apply_repetition_penalty,
     apply_temperature,
     filter_logits,
@@ -24,7 +32,6 @@ from gptbook.sample import (
     stream,
     top_k_filter,
     top_p_filter,
-    utf8_incomplete_tail,
 )
 
 SETTINGS = settings(max_examples=40, deadline=None)
@@ -186,28 +193,61 @@ def test_filters_never_remove_every_token(z, T, k, p, m):
 @pytest.mark.parametrize(
     "call, msg",
     [
-        (lambda z: apply_temperature(z, -1.0), "temperature must be a finite number >= 0"),
-        (lambda z: apply_temperature(z, math.nan), "temperature must be a finite number >= 0"),
-        (lambda z: top_k_filter(z, 0), "top_k must be an integer >= 1"),
+        (lambda z: apply_temperature(z, -1.0), "temperature must be >= 0, got -1.0 (0 means greedy"),
+        (lambda z: apply_temperature(z, math.nan), "temperature must be a finite number, got nan"),
+        (lambda z: apply_temperature(z, math.inf), "temperature must be a finite number, got inf"),
+        (lambda z: top_k_filter(z, 0), "top_k must be at least 1, got 0"),
+        (lambda z: top_k_filter(z, None), "top_k must be an integer, got None"),
         (lambda z: top_p_filter(z, 0.0), "top_p must be in (0, 1]"),
         (lambda z: top_p_filter(z, 1.01), "top_p must be in (0, 1]"),
         (lambda z: min_p_filter(z, -0.1), "min_p must be in [0, 1]"),
         (lambda z: apply_repetition_penalty(z, torch.tensor([0]), -1.0), "repetition_penalty must be"),
     ],
 )
-def test_filter_bad_values_raise_value_error(call, msg):
-    with pytest.raises(ValueError, match=None) as e:
+def test_filter_bad_values_raise_option_error(call, msg):
+    with pytest.raises(OptionError) as e:
         call(torch.randn(5))
     assert msg in str(e.value)
+    assert "\n" not in str(e.value)
 
 
-def test_filter_bad_types_raise_type_error():
-    with pytest.raises(TypeError, match="top_k must be an integer"):
+def test_filter_bad_types():
+    with pytest.raises(OptionError, match="top_k must be an integer, got 2.5"):
         top_k_filter(torch.randn(5), 2.5)
+    with pytest.raises(OptionError, match="temperature must be a number, got 'hot'"):
+        apply_temperature(torch.randn(3), "hot")
+    with pytest.raises(OptionError, match="top_p must be a number, got True"):
+        top_p_filter(torch.randn(3), True)
     with pytest.raises(TypeError, match="floating-point"):
         top_p_filter(torch.tensor([1, 2]), 0.5)
-    with pytest.raises(TypeError, match="temperature must be a number"):
-        apply_temperature(torch.randn(3), "hot")
+    with pytest.raises(TypeError, match="floating-point"):
+        sample_next_token([[1.0, 2.0]])
+
+
+@pytest.mark.parametrize(
+    "name, bad",
+    [("temperature", -1), ("temperature", "hot"), ("top_k", 0), ("top_k", 1.5), ("top_p", 0), ("top_p", 1.5)]
+    + [("min_p", -0.1), ("min_p", 2), ("repetition_penalty", 0), ("repetition_penalty", math.inf)],
+)
+def test_filters_and_config_share_one_check(name, bad):
+    "The public filters refuse exactly what SamplingConfig refuses, with the same message."
+    with pytest.raises(OptionError) as from_config:
+        SamplingConfig(**{name: bad})
+    z = torch.randn(2, 5)
+    calls = {
+        "temperature": lambda: apply_temperature(z, bad),
+        "top_k": lambda: top_k_filter(z, bad),
+        "top_p": lambda: top_p_filter(z, bad),
+        "min_p": lambda: min_p_filter(z, bad),
+        "repetition_penalty": lambda: apply_repetition_penalty(z, torch.zeros(2, 1, dtype=torch.long), bad),
+    }
+    for call in [calls[name], lambda: filter_logits(z, **{name: bad}), lambda: sample_next_token(z, **{name: bad})]:
+        if name == "repetition_penalty" and call is not calls[name]:
+            continue  # filter_logits and sample_next_token take no penalty
+        with pytest.raises(OptionError) as from_filter:
+            call()
+        assert str(from_filter.value) == str(from_config.value)
+        assert from_filter.value.field == name
 
 
 def test_sampling_follows_the_filtered_distribution():
@@ -230,8 +270,8 @@ class _Cfg:
 class _SumCache:
     "The stand-in's cache: a running sum of inputs and the number of positions seen."
 
-    def __init__(self, B, d, max_len):
-        self.sum, self.pos, self.max_len = torch.zeros(B, 1, d), 0, max_len
+    def __init__(self, B, d, max_seq_len):
+        self.sum, self.pos, self.max_seq_len = torch.zeros(B, 1, d), 0, max_seq_len
 
 
 class RunningMeanLM(nn.Module):
@@ -247,13 +287,13 @@ class RunningMeanLM(nn.Module):
         self.head = nn.Parameter(torch.randn(d, vocab_size, generator=g, dtype=torch.float64) * 3)
         self.calls = []  # (T, cached) of each forward, to check how the loop used the model
 
-    def make_cache(self, batch_size, max_len=None, device=None, dtype=None):
-        return _SumCache(batch_size, self.tok.size(1), max_len or self.config.max_seq_len)
+    def make_cache(self, batch_size, device=None, dtype=None):
+        return _SumCache(batch_size, self.tok.size(1), self.config.max_seq_len)
 
     def forward(self, idx, cache=None):
         B, T = idx.shape
         start = 0 if cache is None else cache.pos
-        if start + T > (self.config.max_seq_len if cache is None else cache.max_len):
+        if start + T > (self.config.max_seq_len if cache is None else cache.max_seq_len):
             raise ValueError("positions beyond the context")  # like the real model's tables and KVCache
         self.calls.append((T, cache is not None))
         x = self.tok[idx] + self.pos[start : start + T]  # (B, T, d)
@@ -331,7 +371,10 @@ def test_sampling_matches_reference_with_the_same_generator():
 def test_seeded_generation_is_reproducible_and_seed_dependent():
     m = RunningMeanLM()
     idx = torch.zeros(2, 3, dtype=torch.long)
-    run = lambda seed: generate(m, idx, 30, temperature=1.0, generator=torch.Generator().manual_seed(seed))
+
+    def run(seed):
+        return generate(m, idx, 30, temperature=1.0, generator=torch.Generator().manual_seed(seed))
+
     assert torch.equal(run(0), run(0))
     assert not torch.equal(run(0), run(1))
     torch.manual_seed(0)
@@ -387,14 +430,19 @@ def test_forced_prompt_tokens_never_trigger_stop():
 @pytest.mark.parametrize(
     "kwargs, exc, msg",
     [
-        (dict(temperature=-0.1), ValueError, "temperature must be a finite number >= 0"),
+        (dict(temperature=-0.1), ValueError, "temperature must be >= 0"),
         (dict(top_p=0), ValueError, "top_p must be in (0, 1]"),
         (dict(top_p=2), ValueError, "top_p must be in (0, 1]"),
-        (dict(top_k=0), ValueError, "top_k must be an integer >= 1"),
+        (dict(top_k=0), ValueError, "top_k must be at least 1"),
         (dict(min_p=3), ValueError, "min_p must be in [0, 1]"),
         (dict(repetition_penalty=0), ValueError, "repetition_penalty must be"),
         (dict(stop=99), ValueError, "stop token id 99"),
-        (dict(stop=[]), ValueError, "stop is an empty list"),
+        (dict(stop=[]), ValueError, "stop must hold at least one value (None for none)"),
+        (dict(stop=[1, -2]), ValueError, "stop must be >= 0, got -2"),
+        (dict(stop=True), ValueError, "stop must be an integer, got True"),
+        (dict(stop=2.0), ValueError, "stop must be a tuple, got 2.0"),
+        (dict(config=dict(temperature=0)), TypeError, "config must be a SamplingConfig, got dict"),
+        (dict(config=SamplingConfig(stop_strings="\n")), ValueError, "use stream() for stop_strings"),
         (dict(attention_mask=torch.tensor([[1, 0, 1]])), ValueError, "left padding"),
         (dict(attention_mask=torch.tensor([[0, 0, 0]])), ValueError, "empty prompt"),
         (dict(attention_mask=torch.tensor([[1, 1]])), ValueError, "attention_mask must be a tensor of idx's shape"),
@@ -418,7 +466,7 @@ def test_generate_bad_prompts():
         generate(m, torch.tensor([[1.0, 2.0]]), 3)
     with pytest.raises(ValueError, match="outside the model's vocabulary 0..22"):
         generate(m, torch.tensor([[1, 23]]), 3)
-    with pytest.raises(ValueError, match="max_new_tokens must be an integer >= 0"):
+    with pytest.raises(ValueError, match="max_new_tokens must be >= 0"):
         generate(m, torch.tensor([[1]]), -2)
     assert torch.equal(generate(m, torch.tensor([[1, 2]]), 0), torch.tensor([[1, 2]]))
 
@@ -431,27 +479,40 @@ def _split(data, cuts):
     return [data[a:b] for a, b in zip([0] + cuts, cuts + [len(data)])]
 
 
-@settings(max_examples=200, deadline=None)
+def _teaching_decoder():
+    "The chapter's hand-written Utf8Decoder: a teaching cell, not exported, so it is run from the notebook."
+    nb = json.loads((Path(__file__).parents[1] / "nbs" / "09_sampling.ipynb").read_text())
+    cell = next(c for c in nb["cells"] if "".join(c["source"]).startswith("def utf8_incomplete_tail"))
+    space = {}
+    exec("".join(cell["source"]), space)
+    return space["Utf8Decoder"], space["utf8_incomplete_tail"]
+
+
+Utf8Decoder, utf8_incomplete_tail = _teaching_decoder()
+
+
+@settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=40), st.lists(st.integers(0, 1000), max_size=12))
-def test_utf8_decoder_matches_whole_decode_on_random_bytes(data, cuts):
+def test_teaching_utf8_decoder_equals_the_codecs_decoder_on_random_bytes(data, cuts):
     chunks = _split(data, cuts)
-    dec, ref = Utf8Decoder(), codecs.getincrementaldecoder("utf-8")(errors="replace")
-    pieces = [dec.feed(c) for c in chunks] + [dec.flush()]
-    assert "".join(pieces) == data.decode("utf-8", errors="replace")
-    assert "".join(pieces) == "".join(ref.decode(c) for c in chunks) + ref.decode(b"", final=True)
+    ours, stdlib = Utf8Decoder(), codecs.getincrementaldecoder("utf-8")(errors="replace")
+    want = [stdlib.decode(c) for c in chunks] + [stdlib.decode(b"", final=True)]
+    assert "".join(ours.feed(c) for c in chunks) + ours.flush() == "".join(want)
+    assert "".join(want) == data.decode("utf-8", errors="replace")
 
 
 @SETTINGS
 @given(st.text(max_size=30), st.lists(st.integers(0, 1000), max_size=12))
-def test_utf8_decoder_on_valid_text_never_emits_replacement_chars(text, cuts):
-    data = text.encode("utf-8", errors="surrogatepass")
-    if "\ufffd" in text or any(0xD800 <= ord(c) <= 0xDFFF for c in text):
-        return  # not valid UTF-8 text
-    dec = Utf8Decoder()
-    pieces = [dec.feed(c) for c in _split(data, cuts)]
-    assert "\ufffd" not in "".join(pieces)
-    assert "".join(pieces) + dec.flush() == text
-    assert dec.buf == b""
+def test_teaching_utf8_decoder_gives_the_same_pieces_on_valid_text(text, cuts):
+    "On valid UTF-8 every chunk's piece is the same (on invalid bytes codecs may show U+FFFD a chunk earlier)."
+    if any(0xD800 <= ord(c) <= 0xDFFF for c in text):
+        return  # lone surrogates have no UTF-8 encoding
+    chunks = _split(text.encode("utf-8"), cuts)
+    ours, stdlib = Utf8Decoder(), codecs.getincrementaldecoder("utf-8")(errors="replace")
+    pieces = [ours.feed(c) for c in chunks]
+    assert pieces == [stdlib.decode(c) for c in chunks]
+    assert "".join(pieces) == text
+    assert ours.flush() == ""
 
 
 def test_utf8_incomplete_tail_examples():
@@ -502,6 +563,153 @@ def test_stream_stops_without_printing_the_stop_token():
         stream(m, tok, "ab", 5, top_p=0)
 
 
+NEVER = "☃☃☃"  # nine bytes that a 40-byte random sample will not contain
+
+
+@SETTINGS
+@given(st.integers(0, 2**31), st.integers(0, 50), st.integers(1, 4), st.integers(0, 50))
+def test_stream_stop_strings_cut_just_before_the_first_occurrence(seed, at, width, at2):
+    m = RunningMeanLM(vocab_size=256, max_seq_len=16)
+    tok = ByteTok()
+
+    def run(**kw):
+        return list(stream(m, tok, "héllo", 40, generator=torch.Generator().manual_seed(seed), **kw))
+
+    text = "".join(run())
+    assert "".join(run(stop_strings=NEVER)) == text
+    cut, other = text[at : at + width] or NEVER, text[at2 : at2 + 2] or NEVER
+    pieces = run(stop_strings=[cut, other])
+    ends = [i for i in (text.find(cut), text.find(other)) if i >= 0]
+    assert "".join(pieces) == text[: min(ends, default=len(text))]
+    assert all(pieces)
+
+
+def test_stream_holds_back_only_a_possible_stop_string():
+    from gptbook.tokenizer import CharTokenizer
+
+    tok = CharTokenizer.train("abcdefghijklmnopqrstuvw\n")
+    m = RunningMeanLM(vocab_size=tok.vocab_size)
+    text = "".join(stream(m, tok, "abc", 30, temperature=0))
+    stop = text[6:9]  # three characters: the stream holds back at most two at a time
+    pieces = list(stream(m, tok, "abc", 30, temperature=0, stop_strings=stop))
+    assert "".join(pieces) == text[: text.index(stop)]
+    assert pieces == list(stream(m, tok, "abc", 30, config=SamplingConfig(temperature=0, stop_strings=(stop,))))
+
+
+# ---------------------------------------------------------------- SamplingConfig: one source, checked once per call
+
+
+def test_sampling_config_fields_and_defaults():
+    "The fields `gptbook sample` makes its flags from: pinned, since the CLI and the docs name them."
+    assert SamplingConfig().to_dict() == dict(
+        max_new_tokens=500,
+        temperature=1.0,
+        top_k=None,
+        top_p=None,
+        min_p=None,
+        repetition_penalty=None,
+        stop=None,
+        stop_strings=None,
+        use_cache=True,
+    )
+    for f in dataclasses.fields(SamplingConfig):
+        help_ = f.metadata["help"]
+        assert help_ and "\n" not in help_ and len(help_) <= 90, f.name
+
+
+def test_sampling_config_normalises_and_checks_stop():
+    assert SamplingConfig(stop=3).stop == (3,)
+    assert SamplingConfig(stop=[4, 5]).stop == (4, 5)
+    assert SamplingConfig(stop=torch.tensor([6, 7])).stop == (6, 7)
+    assert SamplingConfig(stop_strings="\n\n").stop_strings == ("\n\n",)
+    with pytest.raises(OptionError, match="stop_strings must not hold an empty string"):
+        SamplingConfig(stop_strings=["a", ""])
+    with pytest.raises(OptionError, match="stop_strings must be a str, got 3"):
+        SamplingConfig(stop_strings=("a", 3))
+    with pytest.raises(OptionError, match="use_cache must be true or false, got 1"):
+        SamplingConfig(use_cache=1)
+    cfg = SamplingConfig(temperature=0.7, stop=[1, 2], stop_strings="x")
+    assert SamplingConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+    with pytest.raises(OptionError, match="unknown SamplingConfig field.s. temprature"):
+        SamplingConfig.from_dict({"temprature": 0.5})
+    assert cfg.replace(top_k=3).top_k == 3
+    assert cfg.top_k is None
+    with pytest.raises(OptionError, match="top_k must be at least 1"):
+        cfg.replace(top_k=0)
+
+
+def test_keywords_override_the_config():
+    m = RunningMeanLM()
+    idx = torch.randint(23, (2, 3), generator=torch.Generator().manual_seed(7))
+
+    def run(**kw):
+        return generate(m, idx, generator=torch.Generator().manual_seed(0), **kw)
+
+    cfg = SamplingConfig(max_new_tokens=12, temperature=2.0, top_k=3)
+    assert torch.equal(run(config=cfg), run(max_new_tokens=12, temperature=2.0, top_k=3))
+    assert torch.equal(run(config=cfg, top_k=1), run(max_new_tokens=12, temperature=2.0, top_k=1))
+    assert not torch.equal(run(config=cfg, top_k=1), run(config=cfg))
+    assert torch.equal(run(config=cfg, temperature=0), run(max_new_tokens=12, temperature=0))
+    assert run(config=cfg, max_new_tokens=4).shape == (2, 7)
+    # A keyword at its default cannot be told apart from one not given: the config's value stays.
+    assert torch.equal(run(config=cfg, top_k=None, temperature=1.0), run(config=cfg))
+    assert not torch.equal(run(config=cfg), run(config=cfg.replace(top_k=None)))
+    steps = list(generate_steps(m, idx, config=cfg.replace(temperature=0), max_new_tokens=3))
+    assert len(steps) == 3
+
+
+def test_the_contract_positional_order():
+    m = RunningMeanLM()
+    idx = torch.tensor([[1, 2, 3]])
+    positional = generate(m, idx, 10, 0.9, 5, 0.8, False, generator=torch.Generator().manual_seed(1))
+    assert m.calls[-1] == (12, False)  # use_cache=False reached the loop: no cache, the whole window
+    named = generate(
+        m, idx, max_new_tokens=10, temperature=0.9, top_k=5, top_p=0.8, generator=torch.Generator().manual_seed(1)
+    )
+    assert torch.equal(positional, named)
+    assert positional.shape == (1, 13)
+
+
+@pytest.mark.parametrize("fn", [generate, generate_steps, stream])
+def test_settings_keywords_mirror_the_config(fn):
+    "Leaving a keyword out means SamplingConfig's default, and the override rule knows every keyword's default."
+    params = inspect.signature(fn).parameters
+    names = list(params)
+    first = names.index("max_new_tokens")
+    assert names[first : first + 6] == ["max_new_tokens", "temperature", "top_k", "top_p", "use_cache", "config"]
+    assert all(params[n].kind is inspect.Parameter.KEYWORD_ONLY for n in names[first + 5 :])
+    config_defaults = {f.name: f.default for f in dataclasses.fields(SamplingConfig)}
+    settings = [n for n in names if n in config_defaults]
+    for name in settings:
+        assert params[name].default == gptbook.sample._KEYWORD_DEFAULTS[name], name
+        assert name == "max_new_tokens" or params[name].default == config_defaults[name], name
+
+
+def test_settings_are_checked_once_per_call_not_per_token(monkeypatch):
+    checked = []
+    real = gptbook.options.check_value
+
+    def counting(name, *args):
+        checked.append(name)
+        return real(name, *args)
+
+    monkeypatch.setattr(gptbook.options, "check_value", counting)
+    monkeypatch.setattr(gptbook.sample, "check_value", counting)
+    m = RunningMeanLM(vocab_size=256)
+    kw = dict(temperature=0.9, top_k=50, top_p=0.95, min_p=0.01, repetition_penalty=1.1)
+    counts = []
+    for n in [2, 40]:
+        checked.clear()
+        out = generate(m, torch.tensor([[1, 2, 3]]), n, **kw, generator=torch.Generator().manual_seed(0))
+        assert out.shape == (1, 3 + n)
+        counts.append(len(checked))
+        checked.clear()
+        "".join(stream(m, ByteTok(), "abc", n, **kw, generator=torch.Generator().manual_seed(0)))
+        counts.append(len(checked))
+    assert counts[0] == counts[2] and counts[1] == counts[3], counts
+    assert counts[0] >= len(dataclasses.fields(SamplingConfig))  # the config itself was checked, once
+
+
 # ---------------------------------------------------------------- the real GPT: cache == plain loop
 
 from gptbook.model import GPT, GPTConfig  # noqa: E402
@@ -547,10 +755,11 @@ def test_gpt_cache_equals_plain_loop_past_max_seq_len(name):
 def test_gpt_cache_sampling_is_reproducible_and_equals_no_cache():
     model = _random_gpt(GPT_VARIANTS["rope-gqa"])
     idx = torch.randint(61, (3, 4), generator=torch.Generator().manual_seed(2))
-    kw = dict(temperature=0.9, top_p=0.95, generator=None)
-    run = lambda uc, seed: generate(
-        model, idx, 30, **{**kw, "generator": torch.Generator().manual_seed(seed)}, use_cache=uc
-    )
+
+    def run(use_cache, seed):
+        g = torch.Generator().manual_seed(seed)
+        return generate(model, idx, 30, temperature=0.9, top_p=0.95, generator=g, use_cache=use_cache)
+
     a = run(True, 3)
     assert torch.equal(a, run(True, 3))
     assert torch.equal(a, run(False, 3))  # same probabilities to ~1e-6, same draws
