@@ -26,14 +26,17 @@ def option(
     max_open: bool = False,
     why: str = "",
     flag: str | None = None,
+    metavar: str | None = None,
     cli: bool = True,
     default_factory: Any = dataclasses.MISSING,
 ) -> Any:
     """A dataclass field with its help text and allowed range.
 
     `min`/`max` bound numbers (`min_open`/`max_open` exclude the bound itself); `why` is added to the error
-    message; `flag` renames the command-line flag (default: `--field-name`); `cli=False` gives it none."""
-    metadata = dict(help=help, min=min, max=max, min_open=min_open, max_open=max_open, why=why, flag=flag, cli=cli)
+    message; `flag` renames the command-line flag (default: `--field-name`) and `metavar` names its value in the
+    help; `cli=False` gives it none."""
+    metadata = dict(help=help, min=min, max=max, min_open=min_open, max_open=max_open, why=why)
+    metadata.update(flag=flag, metavar=metavar, cli=cli)
     return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
 
 # %% ../nbs/A1_options.ipynb #c4c525a2

@@ -68,7 +68,9 @@ def make_optimizer(
 class TrainConfig(Options):
     "Everything about a training run except the model's shape (that is `GPTConfig`). Defaults: the CPU baby run."
 
-    out_dir: str = option("out", "run folder: config.json, metrics.jsonl and checkpoints ckpt_NNNNNNN/", flag="--out")
+    out_dir: str = option(
+        "out", "run folder: config.json, metrics.jsonl and checkpoints ckpt_NNNNNNN/", flag="--out", metavar="DIR"
+    )
     preset: Literal["baby", "gpt2-small", "llama-style"] = option("baby", "model preset, changed by model_overrides")
     model_overrides: dict = option(
         help='GPTConfig fields to change from the preset, e.g. {"n_layers": 2}', cli=False, default_factory=dict
@@ -77,7 +79,9 @@ class TrainConfig(Options):
     bpe_vocab_size: int = option(
         512, "ids of the BPE tokenizer (tokenizer='bpe')", min=256, max=2**16, why="the 256 bytes, then uint16 ids"
     )
-    data_path: str | None = option(None, "a UTF-8 text file to train on (default: Tiny Shakespeare)", flag="--data")
+    data_path: str | None = option(
+        None, "a UTF-8 text file to train on (default: Tiny Shakespeare)", flag="--data", metavar="PATH"
+    )
     val_fraction: float = option(
         0.1, "the last part of the text, held out for validation", min=0, max=1, min_open=True, max_open=True
     )

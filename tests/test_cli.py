@@ -110,6 +110,80 @@ def test_help_lists_every_flag(capsys):
     assert "0.8" in out and "0.9" in out
 
 
+def _flags(parser) -> set[str]:
+    return {opt for action in parser._actions for opt in action.option_strings if opt.startswith("--")}
+
+
+def _field_flags(cls) -> set[str]:
+    import dataclasses
+
+    fields = [f for f in dataclasses.fields(cls) if f.metadata.get("cli", True)]
+    return {f.metadata.get("flag") or "--" + f.name.replace("_", "-") for f in fields}
+
+
+def test_flags_are_the_config_fields():
+    "Every field of the three configs has a flag, with help text; the only other flags are the commands' own."
+    import dataclasses
+
+    from gptbook.model import GPTConfig
+    from gptbook.sample import SamplingConfig
+    from gptbook.train import TrainConfig
+
+    commands = build_parser()._subparsers._group_actions[0].choices
+    train_flags, sample_flags = _flags(commands["train"]), _flags(commands["sample"])
+    negations = {f"--no-{f.name.replace('_', '-')}" for c in (TrainConfig, GPTConfig) for f in dataclasses.fields(c)}
+    extra = train_flags - _field_flags(TrainConfig) - _field_flags(GPTConfig) - negations
+    assert extra == {"--help", "--resume", "--config", "--sample-tokens"}
+    assert _field_flags(TrainConfig) | _field_flags(GPTConfig) <= train_flags
+    assert {"--out", "--data"} <= _field_flags(TrainConfig)  # the contract's names for out_dir and data_path
+    assert _field_flags(SamplingConfig) <= sample_flags
+    own = {"--help", "--out", "--prompt", "--seed", "--num-samples", "--stream", "--device"}
+    negations = {f"--no-{f.name.replace('_', '-')}" for f in dataclasses.fields(SamplingConfig)}
+    assert sample_flags - _field_flags(SamplingConfig) - negations == own
+    for cls in (TrainConfig, GPTConfig, SamplingConfig):
+        for f in dataclasses.fields(cls):
+            assert f.metadata.get("help"), f"{cls.__name__}.{f.name} has no help text"
+
+
+def test_version(capsys):
+    import gptbook
+
+    status, out, _ = call(capsys, "--version")
+    assert status == 0 and out.strip() == f"gptbook {gptbook.__version__}"
+
+
+def test_bad_field_value_names_the_flag(capsys):
+    status, _, err = call(capsys, "train", "--norm-eps", "nan")
+    assert status == 1 and err.startswith("gptbook train: error: --norm-eps: norm_eps must be")
+    status, _, err = call(capsys, "train", "--n-layers", "0")
+    assert status == 1 and "--n-layers: n_layers must be at least 1" in err
+
+
+def test_optional_fields_take_none(capsys):
+    from gptbook.cli import sampling_config_from_args
+
+    parser = build_parser()
+    args = parser.parse_args(["sample", "--top-p", "none", "--top-k", "5", "--stop-strings", "THE END", "FINIS"])
+    config = sampling_config_from_args(args)
+    assert (config.top_p, config.top_k, config.temperature) == (None, 5, 0.8)
+    assert config.stop_strings == ("THE END", "FINIS")
+
+
+def test_config_replays_a_run(tmp_path, capsys, shakespeare_path):
+    "`--config RUN` trains the run of RUN's config.json again: the same losses; flags still override it."
+    first = tmp_path / "first"
+    argv = ["--max-iters", 6, "--eval-interval", 3, "--sample-tokens", 0, *TINY]
+    assert call(capsys, "train", "--out", first, *argv)[0] == 0
+    assert call(capsys, "train", "--config", first, "--out", tmp_path / "again", "--sample-tokens", 0)[0] == 0
+    assert read_metrics(first) and [r["val_loss"] for r in read_metrics(first)] == [
+        r["val_loss"] for r in read_metrics(tmp_path / "again")
+    ]
+    status, _, err = call(capsys, "train", "--config", first, "--out", tmp_path / "more", "--max-iters", 3)
+    assert status == 0, err
+    assert read_metrics(tmp_path / "more")[-1]["iter"] == 3
+    assert load_checkpoint(tmp_path / "more").model_config.n_layers == 1
+
+
 def test_no_command_prints_help(capsys):
     status, out, _ = call(capsys)
     assert status == 2 and "train" in out and "sample" in out
