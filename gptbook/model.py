@@ -194,12 +194,11 @@ class GPT(nn.Module):
             )
         return logits, lm_loss(logits, targets)
 
-    def make_cache(self, batch_size: int, max_seq_len: int | None = None, device=None, dtype=None) -> list:
-        "One empty KVCache per block for max_seq_len positions (default: the model's), on its device and dtype."
+    def make_cache(self, batch_size: int, max_len: int | None = None, device=None, dtype=None) -> list:
+        "One empty KVCache per block for max_len positions (default: max_seq_len), on the model's device and dtype."
         c, w = self.config, self.wte.weight
-        max_seq_len = max_seq_len or c.max_seq_len
         device, dtype = device or w.device, dtype or w.dtype
-        shape = (batch_size, c.resolved_kv_heads, max_seq_len, c.head_dim)
+        shape = (batch_size, c.resolved_kv_heads, max_len or c.max_seq_len, c.head_dim)
         return [KVCache(*shape, device=device, dtype=dtype) for _ in self.blocks]
 
     def num_params(self, exclude_embeddings: bool = False) -> int:
