@@ -39,8 +39,8 @@ class FeedForward(nn.Module):
             )
         d_ff = 4 * d_model if d_ff is None else d_ff  # GPT-2 widens by four
         self.activation = activation
-        self.c_fc = nn.Linear(d_model, d_ff, bias=bias)  # rows are the "keys" (see below)
-        self.c_proj = nn.Linear(d_ff, d_model, bias=bias)  # columns are the "values"
+        self.c_fc = nn.Linear(d_model, d_ff, bias=bias)  # rows: the "keys" of a key-value memory
+        self.c_proj = nn.Linear(d_ff, d_model, bias=bias)  # columns: its "values"
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
