@@ -85,9 +85,9 @@ def test_masked_positions_get_zero_weight_and_rows_sum_to_one():
     assert np.isfinite(NA.softmax(np.array([1000.0, 0.0]))).all()  # no overflow
 
 
-def _np_weights(mha):
-    sd = {k: v.detach().numpy() for k, v in mha.state_dict().items()}
-    return sd["c_attn.weight"], sd.get("c_attn.bias"), sd["c_proj.weight"], sd.get("c_proj.bias")
+def _np_params(mha):
+    "The layer's state_dict as NumPy arrays: what the NumPy mirror takes."
+    return {k: v.detach().numpy() for k, v in mha.state_dict().items()}
 
 
 @settings(max_examples=30, deadline=None)
@@ -114,7 +114,7 @@ def test_mha_torch_sdpa_manual_numpy_agree(B, T, head_dim, heads, bias, rope, dt
         mha.use_sdpa = False
         y_manual = mha(x, rope=cs)
     y_np = NA.multi_head_attention(
-        x.numpy(), *_np_weights(mha), n_heads, n_kv_heads, rope=tuple(c.numpy() for c in cs) if rope else None
+        _np_params(mha), x.numpy(), n_heads, n_kv_heads, rope=tuple(c.numpy() for c in cs) if rope else None
     )
     assert y_sdpa.shape == (B, T, d_model) and y_sdpa.dtype == dtype
     torch.testing.assert_close(y_sdpa, y_manual, **TOL[dtype])
@@ -151,7 +151,10 @@ def test_gqa_equals_mha_with_repeated_kv_heads():
     W, b = gqa.c_attn.weight.detach(), gqa.c_attn.bias.detach()
     q_w, k_w, v_w = W.split([d_model, n_kv_heads * hd, n_kv_heads * hd])
     q_b, k_b, v_b = b.split([d_model, n_kv_heads * hd, n_kv_heads * hd])
-    rep = lambda t: t.view(n_kv_heads, hd, *t.shape[1:]).repeat_interleave(group, 0).reshape(d_model, *t.shape[1:])
+
+    def rep(t):  # each kv head's rows, repeated for the query heads of its group
+        return t.view(n_kv_heads, hd, *t.shape[1:]).repeat_interleave(group, 0).reshape(d_model, *t.shape[1:])
+
     with torch.no_grad():
         full.c_attn.weight.copy_(torch.cat([q_w, rep(k_w), rep(v_w)]))
         full.c_attn.bias.copy_(torch.cat([q_b, rep(k_b), rep(v_b)]))
@@ -201,7 +204,7 @@ def test_kv_cache_step_by_step_equals_full_forward(use_sdpa, n_kv_heads):
 def test_kv_cache_errors():
     cache = A.KVCache(1, 2, 4, 8)
     cache.update(torch.zeros(1, 2, 3, 8), torch.zeros(1, 2, 3, 8))
-    with pytest.raises(ValueError, match="max_len=4"):
+    with pytest.raises(ValueError, match="max_seq_len=4"):
         cache.update(torch.zeros(1, 2, 2, 8), torch.zeros(1, 2, 2, 8))
     with pytest.raises(ValueError, match=r"\(1, 2, T, 8\)"):
         cache.update(torch.zeros(1, 3, 1, 8), torch.zeros(1, 3, 1, 8))
@@ -214,9 +217,11 @@ def test_bad_head_counts_name_the_numbers():
         A.MultiHeadAttention(24, 6, 4)
     x = np.zeros((1, 2, 100))
     with pytest.raises(ValueError, match="d_model=100.*n_heads=3"):
-        NA.multi_head_attention(x, np.zeros((300, 100)), None, np.zeros((100, 100)), None, 3)
+        NA.multi_head_attention({"c_attn.weight": np.zeros((300, 100)), "c_proj.weight": np.zeros((100, 100))}, x, 3)
     with pytest.raises(ValueError, match="n_heads=4.*n_kv_heads=3"):
-        NA.multi_head_attention(x, np.zeros((300, 100)), None, np.zeros((100, 100)), None, 4, 3)
+        NA.multi_head_attention({"c_attn.weight": np.zeros((300, 100)), "c_proj.weight": np.zeros((100, 100))}, x, 4, 3)
+    with pytest.raises(KeyError, match="no 'c_attn.weight' in params"):
+        NA.multi_head_attention({"c_attn.w": np.zeros((300, 100))}, x, 4)
     with pytest.raises(ValueError, match="d_model=8"):
         A.MultiHeadAttention(8, 2)(torch.zeros(1, 3, 10))
     with pytest.raises(TypeError, match="bool"):
@@ -249,3 +254,4 @@ def test_dropout_only_in_training():
         c, d = mha(x), mha(x)
     assert not torch.equal(a, b)
     torch.testing.assert_close(c, d, atol=0, rtol=0)
+    assert mha.dropout_p == 0.5 and not hasattr(mha, "attn_dropout")  # a float for SDPA, not an unused module

@@ -10,7 +10,8 @@ transformers = pytest.importorskip("transformers")
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
-from gptbook.model import GPT, GPTConfig, config_from_hf, load_hf  # noqa: E402
+from gptbook.hf import clean_state_dict, config_from_hf, load_hf  # noqa: E402
+from gptbook.model import GPT, GPTConfig  # noqa: E402
 
 transformers.logging.set_verbosity_error()
 ATOL = 1e-5  # float32 on both sides; measured differences are ~1e-6
@@ -99,7 +100,7 @@ def test_llama_logits_match(tmp_path, tie, n_kv_heads):
     hf = tiny_llama(tie, n_kv_heads, rope_theta=50000.0)
     ours = GPT.from_hf(save(hf, tmp_path))
     c = ours.config
-    assert (c.norm, c.positions, c.ffn, c.bias, c.tie_weights, c.kv_heads, c.d_ff) == (
+    assert (c.norm, c.positions, c.ffn, c.bias, c.tie_weights, c.resolved_kv_heads, c.d_ff) == (
         "rmsnorm",
         "rope",
         "swiglu",
@@ -277,3 +278,25 @@ def test_config_from_hf_older_llama_keys():
     with torch.device("meta"):
         llama2_7b = GPT(c)
     assert llama2_7b.num_params() == 6_738_415_616  # Llama 2 7B's published parameter count
+
+
+def test_clean_state_dict():
+    m = GPT(GPTConfig(vocab_size=37, max_seq_len=16, n_layers=2, n_heads=4, d_model=16))
+    compiled = torch.compile(m)  # nothing compiles before the first call
+    assert all(k.startswith("_orig_mod.") for k in compiled.state_dict())
+    clean = clean_state_dict(compiled.state_dict())
+    assert list(clean) == list(m.state_dict())
+    ddp_like = {"module." + k: v for k, v in compiled.state_dict().items()}
+    fresh = GPT(GPTConfig(vocab_size=37, max_seq_len=16, n_layers=2, n_heads=4, d_model=16))
+    fresh.load_state_dict(clean_state_dict(ddp_like))
+    assert torch.equal(fresh.wte.weight, m.wte.weight)
+    assert clean_state_dict({"blocks.0.module.x": 1}) == {"blocks.0.module.x": 1}  # only prefixes are stripped
+
+
+def test_model_does_not_import_hf():
+    "gptbook.hf imports gptbook.model; the model imports gptbook.hf only inside GPT.from_hf, so there is no circle."
+    import subprocess
+    import sys
+
+    code = "import sys, gptbook.model; assert 'gptbook.hf' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,6 +1,7 @@
-"""Claims of the lab (12_lab) and of Reading nanoGPT (11_nanogpt): the NumPy model generates the same tokens as
-PyTorch's KV-cached `generate`, past the context length; shared-uniform sampling gives the same tokens from either
-forward pass; float32 NumPy logits stay float32 and within 1e-4; and a state dict renamed to nanoGPT's keys maps back."""
+"""Claims of the lab (12_lab) and of Reading nanoGPT (11_nanogpt): the NumPy model generates the same tokens
+as PyTorch's KV-cached `generate`, past the context length; shared-uniform sampling gives the same tokens from
+either forward pass; float32 NumPy logits stay float32 and within 1e-4; and a state dict renamed to nanoGPT's keys
+maps back."""
 
 import numpy as np
 import pytest
@@ -71,7 +72,9 @@ def test_shared_uniform_sampling_matches(name):
         with torch.no_grad():
             return m(torch.from_numpy(ids))[0, -1].numpy()
 
-    numpy_next = lambda ids: npm.forward(params, ids, cfg)[0, -1]
+    def numpy_next(ids):
+        return npm.forward(params, ids, cfg)[0, -1]
+
     a = inverse_cdf_sample(numpy_next, [2, 7], 40, cfg.max_seq_len, 0.8, u)
     b = inverse_cdf_sample(torch_next, [2, 7], 40, cfg.max_seq_len, 0.8, u)
     assert a == b

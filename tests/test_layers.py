@@ -11,7 +11,8 @@ from hypothesis import given, settings, strategies as st
 from hypothesis.extra.numpy import arrays
 
 from gptbook import layers
-from gptbook.layers import Block, FeedForward, RMSNorm, SwiGLU, make_ffn, make_norm, swiglu_hidden
+from gptbook.layers import Block, FeedForward, RMSNorm, SwiGLU, make_ffn, make_norm, swiglu_d_ff
+from gptbook.options import choices_of
 from gptbook.positions import rope_angles
 from gptbook.scratch import layers as npl
 
@@ -106,9 +107,7 @@ def test_feed_forward_matches_numpy(activation, bias):
     ffn = FeedForward(12, 20, activation=activation, bias=bias).double()
     x = torch.randn(2, 5, 12, dtype=torch.float64)
     p = to_numpy(ffn)
-    ours = npl.feed_forward(
-        x.numpy(), p["c_fc.weight"], p.get("c_fc.bias"), p["c_proj.weight"], p.get("c_proj.bias"), activation
-    )
+    ours = npl.feed_forward(p, x.numpy(), activation)
     np.testing.assert_allclose(ours, ffn(x).detach().numpy(), rtol=0, atol=1e-12)
     assert ffn.c_fc.weight.shape == (20, 12) and FeedForward(12).c_fc.weight.shape == (48, 12)
 
@@ -128,27 +127,19 @@ def test_swiglu_matches_numpy_and_formula(bias):
     sw = SwiGLU(12, 20, bias=bias).double()
     x = torch.randn(2, 5, 12, dtype=torch.float64)
     p = to_numpy(sw)
-    ours = npl.swiglu(
-        x.numpy(),
-        p["gate_proj.weight"],
-        p["up_proj.weight"],
-        p["down_proj.weight"],
-        p.get("gate_proj.bias"),
-        p.get("up_proj.bias"),
-        p.get("down_proj.bias"),
-    )
+    ours = npl.swiglu(p, x.numpy())
     np.testing.assert_allclose(ours, sw(x).detach().numpy(), rtol=0, atol=1e-12)
     g, u = sw.gate_proj(x), sw.up_proj(x)
     torch.testing.assert_close(sw(x), sw.down_proj(g * torch.sigmoid(g) * u))
 
 
-def test_swiglu_hidden_llama_sizes():
+def test_swiglu_d_ff_llama_sizes():
     # Llama 1/2 model cards: intermediate sizes 11008 (7B, d 4096), 13824 (13B, d 5120), 17920 (33B, d 6656)
-    assert swiglu_hidden(4096) == 11008
-    assert swiglu_hidden(5120) == 13824
-    assert swiglu_hidden(6656) == 17920
-    assert swiglu_hidden(768, multiple_of=1) == 2048
-    assert swiglu_hidden(100, multiple_of=8) == 272  # int(266.67) = 266 -> next multiple of 8
+    assert swiglu_d_ff(4096) == 11008
+    assert swiglu_d_ff(5120) == 13824
+    assert swiglu_d_ff(6656) == 17920
+    assert swiglu_d_ff(768, multiple_of=1) == 2048
+    assert swiglu_d_ff(100, multiple_of=8) == 272  # int(266.67) = 266 -> next multiple of 8
     assert SwiGLU(64).gate_proj.weight.shape == (256, 64)
 
 
@@ -167,11 +158,35 @@ def test_make_norm_and_make_ffn():
         FeedForward(8, activation="relu")
     with pytest.raises(ValueError, match="norm_position='middle'"):
         Block(8, 2, norm_position="middle")
+    assert choices_of(layers.FFNKind) == ("gelu", "gelu_tanh", "swiglu")
+
+
+def test_numpy_factories_mirror_the_torch_ones():
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 8, dtype=torch.float64)
+    for norm in choices_of(layers.NormKind):
+        module = make_norm(norm, 8, eps=1e-6).double()
+        with torch.no_grad():
+            for p in module.parameters():
+                p.normal_()
+            ref = module(x).numpy()
+        np.testing.assert_allclose(npl.make_norm(to_numpy(module), norm, 1e-6)(x.numpy()), ref, rtol=0, atol=1e-12)
+    for ffn in choices_of(layers.FFNKind):
+        module = make_ffn(ffn, 8, 12).double()
+        with torch.no_grad():
+            ref = module(x).numpy()
+        np.testing.assert_allclose(npl.make_ffn(to_numpy(module), ffn)(x.numpy()), ref, rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="norm='batchnorm'"):
+        npl.make_norm({}, "batchnorm")
+    with pytest.raises(ValueError, match="ffn='relu'"):
+        npl.make_ffn({}, "relu")
+    with pytest.raises(KeyError, match="no 'c_fc.weight' in params"):
+        npl.make_ffn({"c_fc.weights": np.zeros((12, 8))}, "gelu")(x.numpy())  # a misspelt key names itself
 
 
 @pytest.mark.parametrize(
     "norm,norm_position,ffn,use_rope",
-    list(itertools.product(layers.NORMS, layers.NORM_POSITIONS, layers.FFNS, [False, True])),
+    list(itertools.product(*map(choices_of, (layers.NormKind, layers.NormPosition, layers.FFNKind)), [False, True])),
 )
 def test_block_matches_numpy(norm, norm_position, ffn, use_rope):
     torch.manual_seed(1)
@@ -194,7 +209,7 @@ def test_block_matches_numpy(norm, norm_position, ffn, use_rope):
     rope = tuple(t.double() for t in rope_angles(T, d_model // n_heads)) if use_rope else None
     ref = blk(x, rope=rope).detach().numpy()
     np_rope = tuple(t.numpy() for t in rope) if use_rope else None
-    ours = npl.block(x.numpy(), to_numpy(blk), n_heads, n_kv_heads, norm, norm_position, ffn, 1e-6, np_rope)
+    ours = npl.block(to_numpy(blk), x.numpy(), n_heads, n_kv_heads, norm, norm_position, ffn, 1e-6, np_rope)
     np.testing.assert_allclose(ours, ref, rtol=0, atol=1e-10)
 
 
@@ -235,7 +250,8 @@ def test_block_kv_cache_matches_full():
 
 
 def test_scratch_layers_imports_numpy_only():
-    import subprocess, sys
+    import subprocess
+    import sys
 
     code = (
         "import sys; import gptbook.scratch.layers, gptbook.scratch.model; "

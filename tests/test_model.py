@@ -1,18 +1,22 @@
 """gptbook.model: the config, the GPT module (causality, init, cache, dtypes, compile) and the NumPy mirror."""
 
-import dataclasses
 import itertools
 import json
 import math
+import re
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
-from gptbook.model import GPT, GPTConfig, POSITIONS, clean_state_dict
-from gptbook.layers import FFNS, NORM_POSITIONS, NORMS
+from gptbook.layers import FFNKind, NormKind, NormPosition
+from gptbook.model import GPT, PRESETS, GPTConfig, lm_loss
+from gptbook.options import OptionError, choices_of
+from gptbook.positions import LearnedPositions, NoPositions, PositionKind, RotaryPositions, SinusoidalPositions
 from gptbook.scratch import model as npm
+
+POSITIONS, NORMS, NORM_POSITIONS, FFNS = map(choices_of, (PositionKind, NormKind, NormPosition, FFNKind))
 
 TINY = dict(vocab_size=37, max_seq_len=16, n_layers=2, n_heads=4, d_model=16, d_ff=24)
 
@@ -81,7 +85,7 @@ def test_presets():
     )
     assert GPTConfig.baby(65, dropout=0.2).dropout == 0.2
     llama = GPTConfig.llama_style(n_kv_heads=4)
-    assert (llama.norm, llama.positions, llama.ffn, llama.bias, llama.tie_weights, llama.kv_heads) == (
+    assert (llama.norm, llama.positions, llama.ffn, llama.bias, llama.tie_weights, llama.resolved_kv_heads) == (
         "rmsnorm",
         "rope",
         "swiglu",
@@ -89,46 +93,62 @@ def test_presets():
         False,
         4,
     )
-    assert llama.hidden_dim == 2048 and GPTConfig().hidden_dim == 3072 and GPTConfig(d_ff=10).hidden_dim == 10
+    assert llama.resolved_d_ff == 2048 and GPTConfig().resolved_d_ff == 3072 and GPTConfig(d_ff=10).resolved_d_ff == 10
+    assert GPTConfig().resolved_kv_heads == 12
     assert GPTConfig.gpt2_small() == GPTConfig()
+
+
+def test_from_preset():
+    assert PRESETS == ("baby", "gpt2-small", "llama-style")
+    assert GPTConfig.from_preset("baby", 65) == GPTConfig.baby(65)
+    assert GPTConfig.from_preset("gpt2-small", 50257) == GPTConfig.gpt2_small()
+    assert GPTConfig.from_preset("llama-style", 100, n_layers=2) == GPTConfig.llama_style(vocab_size=100, n_layers=2)
+    with pytest.raises(ValueError, match="unknown preset 'tiny': use one of baby, gpt2-small, llama-style"):
+        GPTConfig.from_preset("tiny", 65)
+    with pytest.raises(ValueError, match="unknown GPTConfig field"):
+        GPTConfig.from_preset("baby", 65, n_layer=2)
+    with pytest.raises(ValueError, match="n_layers must be at least 1, got 0"):
+        GPTConfig.from_preset("baby", 65, n_layers=0)
 
 
 def test_config_json_round_trip():
     cfg = GPTConfig.llama_style(n_kv_heads=3, n_heads=6, d_model=48, rope_base=5e5, dropout=0.1, norm_eps=1e-6)
     back = GPTConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))
     assert back == cfg and isinstance(back.rope_base, float)
-    with pytest.raises(ValueError, match=r"\['n_embd', 'n_layer'\]"):
+    with pytest.raises(ValueError, match=r"unknown GPTConfig field\(s\) n_embd, n_layer;"):
         GPTConfig.from_dict({**cfg.to_dict(), "n_layer": 2, "n_embd": 3})
 
 
 @pytest.mark.parametrize(
     "field,value,message",
     [
-        ("vocab_size", 0, "vocab_size=0"),
-        ("max_seq_len", -1, "max_seq_len=-1"),
-        ("n_layers", 1.5, "n_layers=1.5"),
-        ("n_heads", 0, "n_heads=0"),
-        ("d_model", 100, "divisible"),
-        ("n_kv_heads", 5, "n_kv_heads=5"),
-        ("n_kv_heads", 0, "n_kv_heads=0"),
-        ("d_ff", 0, "d_ff=0"),
-        ("norm", "batchnorm", "norm='batchnorm'"),
-        ("norm_position", "middle", "norm_position='middle'"),
-        ("positions", "alibi", "positions='alibi'"),
-        ("ffn", "relu", "ffn='relu'"),
-        ("bias", 1, "bias=1"),
-        ("tie_weights", "yes", "tie_weights='yes'"),
-        ("dropout", 1.0, "dropout=1.0"),
-        ("dropout", -0.1, "dropout=-0.1"),
-        ("rope_base", 0.5, "rope_base=0.5"),
-        ("norm_eps", 0.0, "norm_eps=0.0"),
-        ("use_sdpa", None, "use_sdpa=None"),
-        ("vocab_size", True, "vocab_size=True"),
+        ("vocab_size", 0, "vocab_size must be at least 1, got 0"),
+        ("max_seq_len", -1, "max_seq_len must be at least 1, got -1"),
+        ("n_layers", 1.5, "n_layers must be an integer, got 1.5"),
+        ("n_heads", 0, "n_heads must be at least 1, got 0"),
+        ("d_model", 100, "d_model=100 is not divisible by n_heads=12"),
+        ("n_kv_heads", 5, "n_heads=12 is not divisible by n_kv_heads=5"),
+        ("n_kv_heads", 0, "n_kv_heads must be at least 1, got 0"),
+        ("d_ff", 0, "d_ff must be at least 1, got 0"),
+        ("norm", "batchnorm", "norm must be one of 'layernorm', 'rmsnorm', got 'batchnorm'"),
+        ("norm_position", "middle", "norm_position must be one of 'pre', 'post', got 'middle'"),
+        ("positions", "alibi", "positions must be one of 'learned', 'sinusoidal', 'rope', 'none', got 'alibi'"),
+        ("ffn", "relu", "ffn must be one of 'gelu', 'gelu_tanh', 'swiglu', got 'relu'"),
+        ("bias", 1, "bias must be true or false, got 1"),
+        ("tie_weights", "yes", "tie_weights must be true or false, got 'yes'"),
+        ("dropout", 1.0, "dropout must be in [0, 1), got 1.0"),
+        ("dropout", -0.1, "dropout must be in [0, 1), got -0.1"),
+        ("rope_base", 0.5, "rope_base must be > 1, got 0.5"),
+        ("norm_eps", 0.0, "norm_eps must be positive, got 0.0"),
+        ("use_sdpa", None, "use_sdpa must be true or false, got None"),
+        ("vocab_size", True, "vocab_size must be an integer, got True"),
+        ("rope_base", float("nan"), "rope_base must be a finite number, got nan"),
     ],
 )
 def test_bad_config_names_the_field(field, value, message):
-    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace(".", r"\.")):
+    with pytest.raises(OptionError, match=re.escape(message)) as e:
         GPTConfig(**{field: value})
+    assert e.value.field == field
 
 
 def test_config_rope_and_sinusoidal_need_even_sizes():
@@ -145,6 +165,29 @@ def test_gpt_needs_a_config():
 
 
 # -------------------------------------------------------------------------------------------- the model
+
+
+@pytest.mark.parametrize(
+    "positions,module", list(zip(POSITIONS, [LearnedPositions, SinusoidalPositions, RotaryPositions, NoPositions]))
+)
+def test_positions_module_behind_one_factory(positions, module):
+    m = GPT(GPTConfig(**TINY, positions=positions))
+    assert type(m.wpe) is module
+    keys = list(m.state_dict())
+    assert keys[:2] == (
+        ["wte.weight", "wpe.weight"] if positions == "learned" else ["wte.weight", "blocks.0.ln_1.weight"]
+    )
+    assert not any(k.startswith("wpe") for k in keys) or positions == "learned"
+
+
+def test_forward_loss_is_lm_loss():
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(**TINY))
+    idx, targets = torch.randint(0, 37, (2, 9)), torch.randint(0, 37, (2, 9))
+    logits, loss = m(idx, targets=targets)
+    assert torch.equal(loss, lm_loss(logits, targets))
+    manual = -torch.log_softmax(logits.double(), -1).gather(-1, targets[..., None]).mean()
+    torch.testing.assert_close(loss.double(), manual, rtol=1e-6, atol=1e-6)
 
 
 def test_state_dict_layout():
@@ -165,7 +208,10 @@ def test_state_dict_layout():
 def test_init_follows_gpt2():
     torch.manual_seed(0)
     m = GPT(GPTConfig(vocab_size=500, max_seq_len=64, n_layers=6, n_heads=4, d_model=128))
-    std = lambda t: t.detach().std().item()
+
+    def std(t):
+        return t.detach().std().item()
+
     assert std(m.wte.weight) == pytest.approx(0.02, rel=0.05)
     assert std(m.wpe.weight) == pytest.approx(0.02, rel=0.05)
     assert std(m.blocks[0].attn.c_attn.weight) == pytest.approx(0.02, rel=0.05)
@@ -358,7 +404,7 @@ def test_numpy_forward_errors():
         npm.forward(params, np.array([0, 1]), cfg)
     with pytest.raises(ValueError, match="max_seq_len=16"):
         npm.forward(params, np.zeros((1, 17), int), cfg)
-    with pytest.raises(ValueError, match="no field 'max_seq_len'"):
+    with pytest.raises(ValueError, match="no field 'n_layers'"):
         npm.forward(params, np.zeros((1, 2), int), {"vocab_size": 37})
 
 
@@ -377,20 +423,7 @@ def test_bfloat16_autocast_and_float64():
         assert low.dtype == torch.bfloat16
         torch.testing.assert_close(low.float(), ref, rtol=0, atol=0.05)
         m64 = GPT(GPTConfig.baby(65, positions="rope")).double()
-        assert m64(idx).dtype == torch.float64 and m64.rope_cos.dtype == torch.float64
-
-
-def test_clean_state_dict():
-    m = GPT(GPTConfig(**TINY))
-    compiled = torch.compile(m)  # nothing compiles before the first call
-    assert all(k.startswith("_orig_mod.") for k in compiled.state_dict())
-    clean = clean_state_dict(compiled.state_dict())
-    assert list(clean) == list(m.state_dict())
-    ddp_like = {"module." + k: v for k, v in compiled.state_dict().items()}
-    fresh = GPT(GPTConfig(**TINY))
-    fresh.load_state_dict(clean_state_dict(ddp_like))
-    assert torch.equal(fresh.wte.weight, m.wte.weight)
-    assert clean_state_dict({"blocks.0.module.x": 1}) == {"blocks.0.module.x": 1}  # only prefixes are stripped
+        assert m64(idx).dtype == torch.float64 and m64.wpe.cos.dtype == torch.float64
 
 
 @pytest.mark.slow

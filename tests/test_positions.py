@@ -1,6 +1,7 @@
 """Positions: permutation equivariance, learned table, sinusoids, RoPE (relative property, norms, pairings)."""
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -9,6 +10,7 @@ from hypothesis import given, settings, strategies as st
 
 from gptbook import attention as A
 from gptbook import positions as P
+from gptbook.options import choices_of
 from gptbook.scratch import positions as NP
 
 
@@ -26,14 +28,18 @@ def test_attention_without_positions_is_permutation_equivariant():
     torch.manual_seed(0)
     x = torch.randn(7, 16, dtype=torch.float64)
     Wq, Wk, Wv = (torch.randn(16, 16, dtype=torch.float64) for _ in range(3))
-    attend = lambda x: A.scaled_dot_product_attention(x @ Wq, x @ Wk, x @ Wv)
+
+    def attend(x):
+        return A.scaled_dot_product_attention(x @ Wq, x @ Wk, x @ Wv)
+
     perm = torch.randperm(7)
     torch.testing.assert_close(attend(x[perm]), attend(x)[perm])
     # With RoPE the same shuffle no longer just shuffles the output: order now matters.
     cos, sin = P.rope_angles(7, 16, dtype=torch.float64)
-    roped = lambda x: A.scaled_dot_product_attention(
-        P.apply_rope(x @ Wq, cos, sin), P.apply_rope(x @ Wk, cos, sin), x @ Wv
-    )
+
+    def roped(x):
+        return A.scaled_dot_product_attention(P.apply_rope(x @ Wq, cos, sin), P.apply_rope(x @ Wk, cos, sin), x @ Wv)
+
     assert (roped(x[perm]) - roped(x)[perm]).abs().max() > 1e-3
 
 
@@ -41,14 +47,18 @@ def test_learned_positions():
     torch.manual_seed(0)
     pos = P.LearnedPositions(8, 4)
     assert pos.weight.shape == (8, 4) and pos.weight.requires_grad
-    torch.testing.assert_close(pos(3, start=5), pos.weight[5:8])
-    with pytest.raises(ValueError, match="T=9.*max_seq_len=8"):
-        pos(9)
-    with pytest.raises(ValueError, match="max_seq_len=8"):
-        pos(2, start=7)
+    torch.testing.assert_close(pos.table(3, start=5), pos.weight[5:8])
+    x = torch.randn(2, 3, 4)
+    y, rope = pos(x, start=5)
+    torch.testing.assert_close(y, x + pos.weight[5:8])
+    assert rope is None
+    with pytest.raises(ValueError, match="max_seq_len=8.*T=9"):
+        pos.table(9)
+    with pytest.raises(ValueError, match="positions 7..8 exceed max_seq_len=8"):
+        pos(torch.zeros(1, 2, 4), start=7)
     table = np.arange(32.0).reshape(8, 4)
     np.testing.assert_array_equal(NP.learned_positions(table, 2, start=1), table[1:3])
-    with pytest.raises(ValueError, match="T=9.*max_seq_len=8"):
+    with pytest.raises(ValueError, match="max_seq_len=8.*T=9"):
         NP.learned_positions(table, 9)
 
 
@@ -114,7 +124,10 @@ def test_rope_scores_depend_only_on_relative_position(i, j, shift, d, seed):
     rng = np.random.default_rng(seed)
     q, k = rng.standard_normal(d), rng.standard_normal(d)
     cos, sin = NP.rope_angles(max(i, j, i2, j2) + 1, d, dtype=np.float64)
-    rot = lambda x, p: NP.apply_rope(x[None], cos[p : p + 1], sin[p : p + 1])[0]
+
+    def rot(x, p):  # x rotated to position p
+        return NP.apply_rope(x[None], cos[p : p + 1], sin[p : p + 1])[0]
+
     s1, s2 = rot(q, i) @ rot(k, j), rot(q, i2) @ rot(k, j2)
     assert abs(s1 - s2) <= 1e-9 * (1 + abs(s1))
     # torch, batched: every score of a T x T matrix against the same matrix shifted by `shift`
@@ -209,6 +222,48 @@ def test_pairing_matches_transformers_llama():
 
 def test_negative_length_is_refused():
     with pytest.raises(ValueError, match="T=-1"):
-        P.LearnedPositions(8, 4)(-1)
+        P.LearnedPositions(8, 4).table(-1)
     with pytest.raises(ValueError, match="T=-1"):
         NP.learned_positions(np.zeros((8, 4)), -1)
+
+
+def _config(positions, **kw):
+    "A stand-in for GPTConfig with the fields make_positions reads."
+    return SimpleNamespace(positions=positions, **{**dict(max_seq_len=16, d_model=8, n_heads=2, rope_base=500.0), **kw})
+
+
+@pytest.mark.parametrize("positions", choices_of(P.PositionKind))
+def test_position_modules_share_one_interface_and_match_numpy(positions):
+    torch.manual_seed(0)
+    module = P.make_positions(_config(positions)).double()
+    params = {k: v.numpy() for k, v in module.state_dict().items()}
+    assert list(params) == (["weight"] if positions == "learned" else [])  # fixed tables are not saved
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    with torch.no_grad():
+        y, rope = module(x, start=4)
+    y_np, rope_np = NP.make_positions(params, _config(positions))(x.numpy(), start=4)
+    np.testing.assert_allclose(y_np, y.numpy(), rtol=0, atol=1e-12)
+    if positions == "rope":
+        cos, sin = P.rope_angles(9, 4, base=500.0, dtype=torch.float64)
+        torch.testing.assert_close(rope, (cos[4:], sin[4:]), rtol=0, atol=1e-7)  # float32 tables, as buffers
+        np.testing.assert_allclose(rope_np[0], rope[0].numpy(), rtol=0, atol=0)
+        torch.testing.assert_close(y, x, rtol=0, atol=0)  # RoPE adds nothing to the input
+    else:
+        assert rope is None and rope_np is None
+
+
+@pytest.mark.parametrize("positions", ["sinusoidal", "rope"])
+def test_fixed_tables_extend_past_max_seq_len(positions):
+    short, long = P.make_positions(_config(positions)), P.make_positions(_config(positions, max_seq_len=40))
+    x = torch.randn(1, 10, 8)
+    for a, b in zip(short(x, start=25), long(x, start=25)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_make_positions_refuses_unknown_kinds():
+    with pytest.raises(ValueError, match="positions='alibi' is not one of"):
+        P.make_positions(_config("alibi"))
+    with pytest.raises(ValueError, match="positions='alibi' is not one of"):
+        NP.make_positions({}, _config("alibi"))
+    with pytest.raises(KeyError, match="no 'weight' in params"):
+        NP.make_positions({"wpe.weight": np.zeros((16, 8))}, _config("learned"))(np.zeros((1, 2, 8)))

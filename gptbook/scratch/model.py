@@ -6,15 +6,17 @@
 __all__ = ['forward']
 
 # %% ../../nbs/scratch/00_model.ipynb #e6dbf64b
+from types import SimpleNamespace
+
 import numpy as np
 
-# %% ../../nbs/06_model.ipynb #56c8241c
-from . import layers as scratch_layers
-from . import positions as scratch_positions
+from .embedding import embed, param, params_of
+from .layers import block, make_norm
+from .positions import make_positions
 
-_FIELDS = (
+# %% ../../nbs/06_model.ipynb #56c8241c
+_FIELDS = (  # the GPTConfig fields the forward pass reads; the sizes come from the weights
     "vocab_size",
-    "max_seq_len",
     "n_layers",
     "n_heads",
     "d_model",
@@ -29,48 +31,31 @@ _FIELDS = (
 )
 
 
-def _field(config, name):
-    "A field of a GPTConfig-like object or of the dict GPTConfig.to_dict() writes."
-    try:
-        return config[name] if isinstance(config, dict) else getattr(config, name)
-    except (KeyError, AttributeError):
-        raise ValueError(f"config has no field {name!r}: pass a GPTConfig or its to_dict()") from None
+def _config(config) -> SimpleNamespace:
+    "The fields forward reads, from a GPTConfig or from the dict GPTConfig.to_dict() writes."
+    fields = {}
+    for name in _FIELDS:
+        try:
+            fields[name] = config[name] if isinstance(config, dict) else getattr(config, name)
+        except (KeyError, AttributeError):
+            raise ValueError(f"config has no field {name!r}: pass a GPTConfig or its to_dict()") from None
+    return SimpleNamespace(**fields)
 
 
 def forward(params: dict, idx, config) -> np.ndarray:
-    "Logits (B, T, vocab_size) of the GPT described by config; params are NumPy arrays keyed exactly like GPT.state_dict()."
-    c = {name: _field(config, name) for name in _FIELDS}
+    "Logits (B, T, vocab_size) of the GPT `config` describes; params: NumPy arrays keyed like GPT.state_dict()."
+    c = _config(config)
     idx = np.asarray(idx)
     if idx.ndim != 2:
         raise ValueError(f"idx must be (B, T) token ids, got shape {idx.shape}")
-    B, T = idx.shape
-    wte = params["wte.weight"]  # (vocab_size, d_model)
+    wte = param(params, "wte.weight")  # (vocab_size, d_model)
     if idx.size == 0:
-        return np.zeros((B, T, c["vocab_size"]), wte.dtype)  # no tokens, no logits (as the torch model)
-    if idx.min() < 0 or idx.max() >= c["vocab_size"]:
-        raise ValueError(f"token ids must be in 0..{c['vocab_size'] - 1}, got ids from {idx.min()} to {idx.max()}")
-    x, rope = wte[idx], None  # (B, T, d_model)
-    if c["positions"] == "learned":
-        if T > c["max_seq_len"]:
-            raise ValueError(f"T={T} exceeds max_seq_len={c['max_seq_len']}: a learned table has no rows beyond it")
-        x = x + params["wpe.weight"][:T]  # (T, d_model), broadcast over B
-    elif c["positions"] == "sinusoidal":
-        x = x + scratch_positions.sinusoidal_table(T, c["d_model"]).astype(wte.dtype)  # (T, d_model)
-    elif c["positions"] == "rope":
-        cos, sin = scratch_positions.rope_angles(T, c["d_model"] // c["n_heads"], c["rope_base"])
-        rope = cos.astype(wte.dtype), sin.astype(wte.dtype)  # each (T, head_dim / 2)
-    elif c["positions"] != "none":
-        raise ValueError(f"positions={c['positions']!r} is not one of ('learned', 'sinusoidal', 'rope', 'none')")
-    for i in range(c["n_layers"]):
-        prefix = f"blocks.{i}."
-        p = {k[len(prefix) :]: v for k, v in params.items() if k.startswith(prefix)}
-        x = scratch_layers.block(
-            x, p, c["n_heads"], c["n_kv_heads"], c["norm"], c["norm_position"], c["ffn"], c["norm_eps"], rope
-        )
-    if c["norm_position"] == "pre":  # post-norm blocks end in a norm already
-        if c["norm"] == "layernorm":
-            x = scratch_layers.layer_norm(x, params["ln_f.weight"], params.get("ln_f.bias"), c["norm_eps"])
-        else:
-            x = scratch_layers.rms_norm(x, params["ln_f.weight"], c["norm_eps"])
-    head = wte if c["tie_weights"] else params["lm_head.weight"]  # (vocab_size, d_model)
+        return np.zeros((*idx.shape, c.vocab_size), wte.dtype)  # no tokens, no logits (as the torch model)
+    x, rope = make_positions(params_of(params, "wpe"), c)(embed(wte, idx))  # (B, T, d_model), RoPE or None
+    for i in range(c.n_layers):
+        blk = params_of(params, f"blocks.{i}")
+        x = block(blk, x, c.n_heads, c.n_kv_heads, c.norm, c.norm_position, c.ffn, c.norm_eps, rope)
+    if c.norm_position == "pre":  # post-norm blocks end in a norm already
+        x = make_norm(params_of(params, "ln_f"), c.norm, c.norm_eps)(x)
+    head = wte if c.tie_weights else param(params, "lm_head.weight")  # (vocab_size, d_model)
     return x @ head.T  # (B, T, vocab_size)
