@@ -143,7 +143,7 @@ def build_model(variant: str, vocab_size: int, seed: int, model: dict | None = N
     if spec["unscaled"]:
         unscale_attention(gpt)
     if spec.get("pe_scale"):
-        gpt.pe.mul_(spec["pe_scale"])  # the fixed table, at the token embeddings' size
+        gpt.wpe.pe.mul_(spec["pe_scale"])  # the fixed table, at the token embeddings' size
     return gpt
 
 

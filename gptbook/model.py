@@ -90,8 +90,8 @@ class GPTConfig(Options):
         return cls(**{**baby, **overrides})
 
     @classmethod
-    def from_preset(cls, name: str, vocab_size: int, **overrides) -> "GPTConfig":
-        "The config of preset `name` (one of `PRESETS`) for `vocab_size` ids, with `overrides` applied."
+    def from_preset(cls, name: str, vocab_size: int, /, **overrides) -> "GPTConfig":
+        "The config of preset `name` (one of `PRESETS`) for `vocab_size` ids, with `overrides` (any field) applied."
         if name not in PRESETS:
             raise OptionError("preset", f"unknown preset {name!r}: use one of {', '.join(PRESETS)}")
         preset = {"baby": cls.baby, "gpt2-small": cls.gpt2_small, "llama-style": cls.llama_style}[name]
@@ -194,11 +194,11 @@ class GPT(nn.Module):
             )
         return logits, lm_loss(logits, targets)
 
-    def make_cache(self, batch_size: int, max_len: int | None = None, device=None, dtype=None) -> list:
-        "One empty KVCache per block for max_len positions (default: max_seq_len), on the model's device and dtype."
+    def make_cache(self, batch_size: int, max_seq_len: int | None = None, device=None, dtype=None) -> list:
+        "One empty KVCache per block for max_seq_len positions (default: the config's), on the model's device, dtype."
         c, w = self.config, self.wte.weight
         device, dtype = device or w.device, dtype or w.dtype
-        shape = (batch_size, c.resolved_kv_heads, max_len or c.max_seq_len, c.head_dim)
+        shape = (batch_size, c.resolved_kv_heads, max_seq_len or c.max_seq_len, c.head_dim)
         return [KVCache(*shape, device=device, dtype=dtype) for _ in self.blocks]
 
     def num_params(self, exclude_embeddings: bool = False) -> int:
@@ -230,6 +230,18 @@ class GPT(nn.Module):
         model = cls(config)
         model.load_state_dict(state_dict)
         return model.to(dtype).eval()
+
+    @classmethod
+    def from_checkpoint(cls, path, device=None) -> "GPT":
+        "The GPT of a gptbook checkpoint folder (or of the latest checkpoint in a run folder), in eval mode."
+        from gptbook.checkpoint import checkpoint_state, load_weights  # plain files and tensors: no trainer
+
+        state = checkpoint_state(path)
+        if state.get("model_config") is None:
+            raise ValueError(f"{state['path']} has no model_config, so its model cannot be rebuilt")
+        model = cls(GPTConfig.from_dict(state["model_config"]))
+        load_weights(model, state["path"])
+        return model.to(pick_device(device) if isinstance(device, str) else device or "cpu").eval()
 
 # %% ../nbs/06_model.ipynb #bf0192dd
 def pick_device(device: str = "auto") -> torch.device:

@@ -182,15 +182,10 @@ def load_checkpoint(path, device=None) -> Checkpoint:
     "Load the GPT of a checkpoint folder (or of the latest checkpoint in a run folder) for inference, on `device`."
     state = checkpoint_state(path)
     folder = state["path"]
-    if state.get("model_config") is None:
-        raise ValueError(f"{folder} has no model_config, so its model cannot be rebuilt")
-    model_config = GPTConfig.from_dict(state["model_config"])
-    model = GPT(model_config)
-    load_weights(model, folder)
-    model.to(pick_device(device) if isinstance(device, str) else device or "cpu").eval()
+    model = GPT.from_checkpoint(folder, device)
     train_config = state.get("train_config")
     train_config = None if train_config is None else TrainConfig.from_dict(train_config)
-    return Checkpoint(model, _load_tokenizer(folder, state), model_config, train_config, state["iter"], folder)
+    return Checkpoint(model, _load_tokenizer(folder, state), model.config, train_config, state["iter"], folder)
 
 # %% ../nbs/08_training.ipynb #0df709ca
 def read_metrics(path) -> list[dict]:

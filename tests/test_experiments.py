@@ -183,7 +183,7 @@ def test_unscale_attention_hook(positions):
         p.data.normal_(0, 0.3)  # large weights: the scale changes the output a lot
     x = torch.randn(2, 9, 64, dtype=torch.float64)
     attn = gpt.blocks[1].attn
-    rope = None if positions == "learned" else (gpt.rope_cos[:9], gpt.rope_sin[:9])
+    rope = None if positions == "learned" else gpt.wpe.angles(9)
     with torch.no_grad():
         before = attn(x, rope=rope)
         handles = E.unscale_attention(gpt)

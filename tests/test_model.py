@@ -326,14 +326,14 @@ def test_make_cache_shapes_and_defaults():
     m = GPT(GPTConfig(**TINY, n_kv_heads=2)).double()
     cache = m.make_cache(5)
     assert len(cache) == 2 and cache[0].k.shape == (5, 2, 16, 4) and cache[0].k.dtype == torch.float64
-    cache = m.make_cache(1, max_len=40, dtype=torch.float32)
+    cache = m.make_cache(1, max_seq_len=40, dtype=torch.float32)
     assert cache[1].v.shape == (1, 2, 40, 4) and cache[1].v.dtype == torch.float32
     assert cache[0] is not cache[1] and cache[0].k.data_ptr() != cache[1].k.data_ptr()
 
 
 def test_learned_positions_refuse_to_run_past_max_seq_len_with_a_cache():
     m = GPT(GPTConfig(**TINY))
-    cache = m.make_cache(1, max_len=32)
+    cache = m.make_cache(1, max_seq_len=32)
     m(torch.zeros(1, 14, dtype=torch.long), cache=cache)
     with pytest.raises(ValueError, match=r"positions 14\.\.17 exceed max_seq_len=16"):
         m(torch.zeros(1, 4, dtype=torch.long), cache=cache)
@@ -346,7 +346,7 @@ def test_rope_and_sinusoidal_extrapolate_past_max_seq_len(positions):
     idx = torch.randint(0, 37, (2, 24))  # 24 > max_seq_len = 16
     with torch.no_grad():
         full = m(idx)
-        cache = m.make_cache(2, max_len=24)
+        cache = m.make_cache(2, max_seq_len=24)
         steps = [m(idx[:, :14], cache=cache)] + [m(idx[:, i : i + 1], cache=cache) for i in range(14, 24)]
     torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-5, atol=1e-5)
     big = GPT(GPTConfig(**{**TINY, "max_seq_len": 24}, positions=positions))
