@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention import KVCache, check_heads
+from .checkpoint import checkpoint_state, load_weights
 from .layers import Block, FFNKind, NormKind, NormPosition, RMSNorm, make_norm, swiglu_d_ff
 from .options import OptionError, Options, option
 from .positions import LearnedPositions, PositionKind, make_positions
@@ -234,8 +235,6 @@ class GPT(nn.Module):
     @classmethod
     def from_checkpoint(cls, path, device=None) -> "GPT":
         "The GPT of a gptbook checkpoint folder (or of the latest checkpoint in a run folder), in eval mode."
-        from gptbook.checkpoint import checkpoint_state, load_weights  # plain files and tensors: no trainer
-
         state = checkpoint_state(path)
         if state.get("model_config") is None:
             raise ValueError(f"{state['path']} has no model_config, so its model cannot be rebuilt")

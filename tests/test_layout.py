@@ -212,6 +212,61 @@ def test_scratch_mirror_never_imports_torch():
     assert r.returncode == 0, r.stderr[-2000:]
 
 
+# The module map of DESIGN.md: what each module may import from the package (imports point one way). options
+# and checkpoint are leaves (plain settings; plain files and tensors), so any module may use them.
+ALLOWED_IMPORTS = {
+    "options": set(),
+    "checkpoint": set(),
+    "tokenizer": {"checkpoint"},
+    "positions": {"options"},
+    "attention": {"options", "positions"},
+    "layers": {"options", "attention"},
+    "model": {"options", "positions", "attention", "layers", "checkpoint", "hf"},  # hf only inside GPT.from_hf
+    "data": {"tokenizer", "checkpoint"},
+    "train": {"options", "checkpoint", "tokenizer", "model", "data"},
+    "sample": {"options"},  # duck-types the model: no model, no trainer
+    "hf": {"options", "checkpoint", "tokenizer", "positions", "model"},
+    "cli": {"options", "checkpoint", "tokenizer", "model", "train", "sample", "hf"},
+}
+
+
+def _package_imports(path: Path) -> tuple[set[str], set[str]]:
+    "The gptbook modules `path` imports (relative or absolute): (at module level, anywhere)."
+    import ast
+
+    tree = ast.parse(path.read_text())
+    top, anywhere = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            name = node.module if node.level else node.module.removeprefix("gptbook.")
+            if node.level or node.module.startswith("gptbook."):
+                anywhere.add(name)
+                if node in tree.body:
+                    top.add(name)
+    return top, anywhere
+
+
+def test_imports_point_one_way():
+    for name, allowed in ALLOWED_IMPORTS.items():
+        top, anywhere = _package_imports(ROOT / "gptbook" / f"{name}.py")
+        assert anywhere <= allowed, f"gptbook.{name} imports {sorted(anywhere - allowed)}"
+        if name == "model":
+            assert "hf" not in top, "gptbook.hf imports gptbook.model: import it inside GPT.from_hf only"
+    found = {p.stem for p in (ROOT / "gptbook").glob("*.py")} - {"__init__", "__main__", "_modidx"}
+    assert found == set(ALLOWED_IMPORTS), f"add {sorted(found - set(ALLOWED_IMPORTS))} to the module map"
+
+
+def test_inference_never_imports_the_trainer():
+    "Loading a checkpoint and sampling from it needs no trainer (no tqdm, no torch.distributed set-up)."
+    code = (
+        "import sys, gptbook.model, gptbook.sample, gptbook.tokenizer, gptbook.hf\n"
+        "assert 'gptbook.train' not in sys.modules, 'gptbook.train was imported'\n"
+        "assert hasattr(gptbook.model.GPT, 'from_checkpoint') and hasattr(gptbook.tokenizer, 'load_tokenizer')\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
 # --- GitHub workflows ----------------------------------------------------------------------------
 
 
