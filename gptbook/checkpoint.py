@@ -6,23 +6,32 @@
 from __future__ import annotations
 
 import contextlib
+import errno
+import hashlib
 import json
 import os
 import random
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, load_model, save_file, save_model
 
+try:
+    import fcntl  # POSIX: the run lock
+except ImportError:  # Windows: runs are not locked
+    fcntl = None
+
 # %% auto #0
-__all__ = ['CKPT_PREFIX', 'CKPT_FILES', 'CKPT_FORMAT', 'CKPT_VERSION', 'fsync_dir', 'atomic_write', 'remove_dir', 'atomic_dir',
-           'list_checkpoints', 'remove_leftovers', 'clear_checkpoints', 'save_checkpoint', 'find_checkpoint',
-           'checkpoint_state', 'load_weights', 'load_optimizer_state', 'restore_rng']
+__all__ = ['CKPT_PREFIX', 'CKPT_FILES', 'MODEL_FILES', 'TENSOR_FILES', 'CKPT_FORMAT', 'CKPT_VERSION', 'LOCK_FILE', 'fsync_dir',
+           'atomic_write', 'remove_dir', 'atomic_dir', 'checkpoint_dirs', 'list_checkpoints', 'remove_leftovers',
+           'clear_checkpoints', 'sha256_of', 'save_checkpoint', 'is_checkpoint_dir', 'find_checkpoint',
+           'checkpoint_state', 'load_weights', 'load_optimizer_state', 'restore_rng', 'RunLocked', 'run_lock']
 
 # %% ../nbs/A2_checkpoints.ipynb #eb15f806
 def fsync_dir(path) -> None:
@@ -108,9 +117,12 @@ def atomic_dir(path):
 
 # %% ../nbs/A2_checkpoints.ipynb #013f14b9
 CKPT_PREFIX = "ckpt_"
-CKPT_FILES = ("model.safetensors", "optimizer.safetensors", "rng.safetensors", "state.json")
+CKPT_FILES = ("model.safetensors", "optimizer.safetensors", "rng.safetensors", "state.json")  # what a resume reads
+MODEL_FILES = ("model.safetensors", "state.json")  # what inference reads (plus tokenizer.json)
+TENSOR_FILES = ("model.safetensors", "optimizer.safetensors", "rng.safetensors")  # checksummed in state.json
 CKPT_FORMAT = "gptbook-checkpoint"
 CKPT_VERSION = 2  # 2: a tied head is stored once (safetensors' save_model); 1 stored a copy of it
+LOCK_FILE = ".lock"
 
 # %% ../nbs/A2_checkpoints.ipynb #8f47e7e0
 def _rng_state() -> tuple[dict, dict]:
@@ -165,14 +177,24 @@ def _join_optimizer_state(tensors: dict, meta: dict) -> dict:
     return {"state": state, "param_groups": groups}
 
 # %% ../nbs/A2_checkpoints.ipynb #00ec0a75
-def list_checkpoints(out_dir) -> list[Path]:
-    "The complete checkpoint folders in `out_dir`, oldest (lowest step) first."
+def _step_of(folder: Path) -> int | None:
+    "The step in a checkpoint folder's name `ckpt_<step>`, or None for any other name."
+    n = len(CKPT_PREFIX)
+    name = Path(folder).name
+    return int(name[n:]) if name.startswith(CKPT_PREFIX) and name[n:].isdigit() else None
+
+
+def checkpoint_dirs(out_dir) -> list[Path]:
+    "Every folder named `ckpt_<step>` in `out_dir`, complete or not, oldest first."
     out_dir = Path(out_dir)
     if not out_dir.is_dir():
         return []
-    n = len(CKPT_PREFIX)
-    found = [p for p in out_dir.iterdir() if p.is_dir() and p.name.startswith(CKPT_PREFIX) and p.name[n:].isdigit()]
-    return sorted(found, key=lambda p: int(p.name[n:]))
+    return sorted((p for p in out_dir.iterdir() if p.is_dir() and _step_of(p) is not None), key=_step_of)
+
+
+def list_checkpoints(out_dir, needs=CKPT_FILES) -> list[Path]:
+    "The complete checkpoint folders in `out_dir` (holding every file of `needs`), oldest (lowest step) first."
+    return [p for p in checkpoint_dirs(out_dir) if all((p / f).is_file() for f in needs)]
 
 
 def remove_leftovers(out_dir) -> None:
@@ -182,20 +204,70 @@ def remove_leftovers(out_dir) -> None:
             shutil.rmtree(p, ignore_errors=True)
 
 
-def clear_checkpoints(out_dir) -> int:
-    "Remove every checkpoint and leftover in `out_dir` (a fresh run in an old run's folder); returns how many."
-    old = list_checkpoints(out_dir)
+def clear_checkpoints(out_dir, keep=None) -> int:
+    "Remove every checkpoint folder (complete or not, except `keep`) and leftover in `out_dir`; returns how many."
+    old = [p for p in checkpoint_dirs(out_dir) if keep is None or p.name != Path(keep).name]
     for p in old:
         remove_dir(p)
     if Path(out_dir).is_dir():
         remove_leftovers(out_dir)
     return len(old)
 
+# %% ../nbs/A2_checkpoints.ipynb #a2save01
+def sha256_of(path, block_size: int = 1 << 20) -> str:
+    "The SHA-256 of the file at `path`, in hex."
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(block_size):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _write_error(e: Exception, final: Path, size: int) -> OSError:
+    "The one-line OSError for a save that failed: a full disk says how much room a checkpoint needs."
+    if getattr(e, "errno", None) == errno.ENOSPC or "os error 28" in str(e) or "No space left" in str(e):
+        err = OSError(
+            f"no space left on device while writing {final}; free space (a checkpoint needs ~{size / 1e6:.1f} MB) "
+            f"and resume{_earlier(final, 'from')}"
+        )
+        err.errno = errno.ENOSPC
+        return err
+    return OSError(f"could not write {final} ({e}){_earlier(final, 'from')}")
+
+
+def _checkpoint_bytes(model, opt_tensors: dict) -> int:
+    "About how many bytes a checkpoint of `model` takes."
+    tensors = [*model.state_dict().values(), *opt_tensors.values()]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _write_files(tmp: Path, model, opt_tensors, rng_tensors, tokenizer, state: dict) -> None:
+    "The files of a checkpoint, into the temporary folder `tmp`; `state.json` last, with the other files' SHA-256."
+    save_model(model, str(tmp / "model.safetensors"))  # a tied head is stored once
+    save_file(opt_tensors, tmp / "optimizer.safetensors")
+    save_file(rng_tensors, tmp / "rng.safetensors")
+    if tokenizer is not None:
+        tokenizer.save(tmp / "tokenizer.json")
+    names = [*TENSOR_FILES, *(["tokenizer.json"] if tokenizer is not None else [])]
+    state["sha256"] = {f: sha256_of(tmp / f) for f in names}
+    (tmp / "state.json").write_text(json.dumps(state, indent=1), encoding="utf-8")
+
 
 def save_checkpoint(
-    out_dir, step: int, model, optimizer=None, generator=None, *, tokenizer=None, meta=None, keep_last: int = 1
+    out_dir,
+    step: int,
+    model,
+    optimizer=None,
+    generator=None,
+    *,
+    tokenizer=None,
+    meta=None,
+    keep_last: int = 1,
+    replace_run: bool = False,
 ) -> Path:
-    "Write `out_dir/ckpt_<step>/` atomically; keep only the last `keep_last` checkpoints."
+    """Write `out_dir/ckpt_<step>/` atomically; then keep only the last `keep_last` checkpoints.
+
+    `replace_run=True` (a fresh run replacing an earlier one) removes every other checkpoint folder instead."""
     opt_tensors, opt_meta = ({}, None) if optimizer is None else _split_optimizer_state(optimizer.state_dict())
     rng_tensors, rng_meta = _rng_state()
     if generator is not None:
@@ -208,84 +280,180 @@ def save_checkpoint(
         "optimizer": opt_meta,
         "rng": rng_meta,
     }
-    if clash := sorted(set(state) & set(meta or {})):
+    if clash := sorted(set(state) & set(meta or {}) | {"sha256"} & set(meta or {})):
         raise ValueError(f"meta may not set {', '.join(clash)}: save_checkpoint writes those entries itself")
     final = Path(out_dir) / f"{CKPT_PREFIX}{step:07d}"
-    with atomic_dir(final) as tmp:
-        save_model(model, str(tmp / "model.safetensors"))  # a tied head is stored once
-        save_file(opt_tensors, tmp / "optimizer.safetensors")
-        save_file(rng_tensors, tmp / "rng.safetensors")
-        if tokenizer is not None:
-            tokenizer.save(tmp / "tokenizer.json")
-        (tmp / "state.json").write_text(json.dumps({**state, **(meta or {})}, indent=1), encoding="utf-8")
+    try:
+        with atomic_dir(final) as tmp:
+            _write_files(tmp, model, opt_tensors, rng_tensors, tokenizer, {**state, **(meta or {})})
+    except (OSError, SafetensorError) as e:  # the temporary folder is gone; the earlier checkpoints are untouched
+        raise _write_error(e, final, _checkpoint_bytes(model, opt_tensors)) from e
+    if replace_run:
+        clear_checkpoints(out_dir, keep=final)
     for old in list_checkpoints(out_dir)[:-keep_last]:
         remove_dir(old)
     remove_leftovers(out_dir)
     return final
 
 # %% ../nbs/A2_checkpoints.ipynb #de117431
-def find_checkpoint(path) -> Path:
-    "`path` itself if it is a checkpoint folder, else the latest checkpoint in the run folder `path`."
+def is_checkpoint_dir(path) -> bool:
+    "Whether `path` is a checkpoint folder (named `ckpt_<step>`, or holding a `state.json`) rather than a run folder."
     path = Path(path)
-    if (path / "state.json").is_file() and (path / "model.safetensors").is_file():
+    return _step_of(path) is not None or (path / "state.json").is_file()
+
+
+def _earlier(folder, verb: str = "use") -> str:
+    "'; use the earlier checkpoint X' when the run folder of the checkpoint `folder` holds an older complete one."
+    folder, step = Path(folder), _step_of(folder)
+    older = [p for p in list_checkpoints(folder.parent) if step is not None and _step_of(p) < step]
+    return f"; {verb} the earlier checkpoint {older[-1]}" if older else ""
+
+
+def _check_complete(folder: Path, needs) -> None:
+    for f in needs:
+        if not (folder / f).is_file():
+            raise FileNotFoundError(f"checkpoint {folder} is incomplete: {f} is missing{_earlier(folder)}")
+
+
+def find_checkpoint(path, needs=MODEL_FILES) -> Path:
+    """`path` itself if it is a checkpoint folder, else the latest checkpoint in the run folder `path` that holds
+    every file of `needs` (an incomplete newer folder is skipped, with a note)."""
+    path = Path(path)
+    if (path / "state.json").is_file():
+        _check_complete(path, needs)
         return path
-    ckpts = list_checkpoints(path)
+    ckpts, every = list_checkpoints(path, needs), checkpoint_dirs(path)
     if not ckpts:
+        if every:
+            _check_complete(every[-1], needs)
         why = "does not exist" if not path.exists() else "holds no checkpoint (no ckpt_* folder)"
         raise FileNotFoundError(
             f"{path} {why}; train a model with `gptbook train --out {path}`, or pass a checkpoint folder"
         )
+    if skipped := [p.name for p in every if _step_of(p) > _step_of(ckpts[-1])]:
+        print(f"note: {path}: skipped incomplete {', '.join(skipped)}; using {ckpts[-1].name}", file=sys.stderr)
     return ckpts[-1]
 
 
-def _read_state(folder: Path) -> dict:
-    "The checked `state.json` of the checkpoint `folder`."
-    for f in CKPT_FILES:
-        if not (folder / f).is_file():
-            raise FileNotFoundError(f"checkpoint {folder} is incomplete: {f} is missing")
+def _state_error(folder: Path, what: str) -> ValueError:
+    return ValueError(f"{folder / 'state.json'} {what}: the file is damaged or not gptbook's{_earlier(folder)}")
+
+
+def _read_state(folder: Path, needs=MODEL_FILES) -> dict:
+    "The checked `state.json` of the checkpoint `folder`: a dict with the entries that readers use."
+    _check_complete(folder, needs)
     try:
         state = json.loads((folder / "state.json").read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{folder / 'state.json'} is not valid JSON ({e}): the file is damaged") from e
+        raise _state_error(folder, f"is not valid JSON ({e})") from e
     if not isinstance(state, dict) or state.get("format") != CKPT_FORMAT:
         raise ValueError(f"{folder / 'state.json'} is not a gptbook checkpoint")
-    if state.get("version", 1) > CKPT_VERSION:
+    if not isinstance(state.get("version", 1), int) or state.get("version", 1) > CKPT_VERSION:
         raise ValueError(f"{folder} has format version {state['version']}; this gptbook reads up to {CKPT_VERSION}")
+    if not isinstance(state.get("iter"), int) or isinstance(state["iter"], bool) or state["iter"] < 0:
+        raise _state_error(folder, f"has no valid step (iter = {state.get('iter')!r})")
+    for key in ("model_config", "train_config", "optimizer", "rng", "sha256"):
+        if not isinstance(state.get(key), dict | None):
+            raise _state_error(folder, f'has a "{key}" that is a {type(state[key]).__name__}, not an object')
+    if "rng.safetensors" in needs and not {"numpy", "python"} <= set(state.get("rng") or {}):
+        raise _state_error(folder, 'lacks the "rng" entry (the NumPy and Python random states) that a resume needs')
     return state
 
 
-def checkpoint_state(path) -> dict:
-    "The `state.json` of a checkpoint (step, configs, ...) and its folder as `path`, without loading any tensor."
-    folder = find_checkpoint(path)
-    return {**_read_state(folder), "path": folder}
+def checkpoint_state(path, needs=MODEL_FILES) -> dict:
+    """The `state.json` of a checkpoint (step, configs, ...) and its folder as `path`, without loading any tensor.
+
+    `needs`: the files that must be there (inference: `MODEL_FILES`; a resume: `CKPT_FILES`)."""
+    folder = find_checkpoint(path, needs)
+    return {**_read_state(folder, needs), "path": folder}
 
 
-def _damaged(path: Path, e: Exception) -> ValueError:
-    return ValueError(f"{path} cannot be read ({e}): the file is damaged; use an earlier checkpoint")
+def _damaged(path: Path, e) -> ValueError:
+    return ValueError(f"{path} cannot be read ({e}): the file is damaged{_earlier(path.parent)}")
+
+
+def _verify(path: Path) -> None:
+    "Check the file `path` against the SHA-256 that its checkpoint's state.json recorded when it was saved."
+    try:
+        recorded = json.loads((path.parent / "state.json").read_text(encoding="utf-8")).get("sha256") or {}
+    except (OSError, ValueError, AttributeError):
+        return  # state.json itself is checked by _read_state
+    if path.name in recorded and sha256_of(path) != recorded[path.name]:
+        raise _damaged(path, "its SHA-256 differs from the one recorded in state.json when it was saved")
 
 
 def _load_file(path: Path) -> dict:
     "The tensors of a safetensors file, or a ValueError that names the damaged file."
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {path.parent} is incomplete: {path.name} is missing")
+    _verify(path)
     try:
         return load_file(path)
     except SafetensorError as e:
         raise _damaged(path, e) from e
 
+# %% ../nbs/A2_checkpoints.ipynb #a2load01
+def _shape_mismatches(path: Path, model) -> list[str]:
+    "The tensors whose shape in the safetensors file `path` differs from the same tensor of `model`."
+    want = {k: list(v.shape) for k, v in model.state_dict().items()}
+    with safe_open(path, "pt") as f:
+        have = {k: list(f.get_slice(k).get_shape()) for k in f.keys()}
+    return [
+        f"{k} is {have[k]} in the file but {want[k]} in the model" for k in have if k in want and have[k] != want[k]
+    ]
+
 
 def load_weights(model, folder) -> None:
     "Load the weights of the checkpoint `folder` into `model` (built with the checkpoint's config)."
     path = Path(folder) / "model.safetensors"
+    _verify(path)
     try:
+        if bad := _shape_mismatches(path, model):
+            raise ValueError(
+                f"{path} holds the weights of another model ({'; '.join(bad[:3])}{'; ...' if len(bad) > 3 else ''}): "
+                "its state.json's model_config and its weights come from different runs"
+            )
         load_model(model, str(path))  # fills a tied head from the one stored copy
     except SafetensorError as e:
         raise _damaged(path, e) from e
+    except RuntimeError as e:  # missing or unexpected names: torch's message spans lines
+        raise ValueError(f"{path} does not fit the model: {' '.join(str(e).split())[:300]}") from e
 
 
-def load_optimizer_state(folder, state: dict) -> dict | None:
-    "The optimizer `state_dict` saved in the checkpoint `folder` (whose `state.json` is `state`), or None."
+def _check_optimizer_fits(sd: dict, optimizer, path: Path) -> None:
+    "Refuse optimizer state `sd` whose parameters do not match `optimizer`'s in number and shape."
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    order = [i for g in sd["param_groups"] for i in g["params"]]
+    if len(order) != len(params):
+        raise ValueError(
+            f"{path} is the optimizer state of another model: {len(order)} parameters, this model has {len(params)}"
+        )
+    where = {i: n for n, i in enumerate(order)}
+    for i, s in sd["state"].items():
+        for k, v in s.items():
+            want = list(params[where[i]].shape)
+            if torch.is_tensor(v) and v.dim() > 0 and list(v.shape) != want:
+                raise ValueError(
+                    f"{path} is the optimizer state of another model: {i}.{k} is {list(v.shape)} in the file "
+                    f"but the parameter is {want}"
+                )
+
+
+def load_optimizer_state(folder, state: dict, optimizer=None) -> dict | None:
+    """The optimizer `state_dict` saved in the checkpoint `folder` (whose `state.json` is `state`), or None.
+
+    With `optimizer`, the saved state is first checked to fit its parameters (a ValueError naming the shapes)."""
     if state.get("optimizer") is None:
         return None
-    return _join_optimizer_state(_load_file(Path(folder) / "optimizer.safetensors"), state["optimizer"])
+    path = Path(folder) / "optimizer.safetensors"
+    tensors = _load_file(path)
+    try:
+        sd = _join_optimizer_state(tensors, state["optimizer"])
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise _state_error(Path(folder), f'has an "optimizer" entry that does not describe {path.name} ({e!r})') from e
+    if optimizer is not None:
+        _check_optimizer_fits(sd, optimizer, path)
+    return sd
 
 
 def restore_rng(folder, state: dict) -> torch.Tensor | None:
@@ -293,3 +461,53 @@ def restore_rng(folder, state: dict) -> torch.Tensor | None:
     tensors = _load_file(Path(folder) / "rng.safetensors")
     _set_rng_state(tensors, state["rng"])
     return tensors.get("data_generator")
+
+# %% ../nbs/A2_checkpoints.ipynb #a2lock01
+class RunLocked(OSError):
+    "Another process holds the lock of the run folder."
+
+
+def _unwritable(out_dir: Path, e: OSError) -> OSError:
+    why = "it is a file, not a folder" if e.errno in (errno.ENOTDIR, errno.EEXIST) else e.strerror or str(e)
+    err = OSError(f"cannot write the run folder {out_dir} ({why}); choose another --out")
+    err.errno = e.errno
+    return err
+
+
+def _check_writable(out_dir: Path) -> None:
+    "Create `out_dir` if needed and prove that a file can be created in it, or raise a one-line OSError."
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=out_dir, prefix=".tmp_probe_")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise _unwritable(out_dir, e) from e
+
+
+@contextlib.contextmanager
+def run_lock(out_dir):
+    """Hold an exclusive lock on the run folder `out_dir` (created if needed, and checked writable) for the block.
+
+    The lock is `fcntl.flock` on `out_dir/.lock`, which also holds the owner's pid: a second process fails at once,
+    and the kernel drops the lock when its holder dies, even by `kill -9`, so a stale lock never blocks."""
+    out_dir = Path(out_dir)
+    _check_writable(out_dir)
+    try:
+        fd = os.open(out_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as e:
+        raise _unwritable(out_dir, e) from e
+    try:
+        if fcntl is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                pid = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+                raise RunLocked(
+                    f"another gptbook train is using {out_dir} (pid {pid}); wait for it, or choose another --out"
+                ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield out_dir
+    finally:
+        os.close(fd)

@@ -18,8 +18,7 @@ from .checkpoint import checkpoint_state, find_checkpoint, list_checkpoints
 from .model import GPT, GPTConfig, pick_device
 from .options import OptionError, choices_of, field_types, split_optional
 from .sample import SamplingConfig, generate, stream
-from .tokenizer import load_tokenizer
-from .train import TrainConfig, TrainingDiverged, load_run_config, train
+from .train import TrainConfig, TrainingDiverged, checkpoint_tokenizer, load_run_config, train
 
 # %% auto #0
 __all__ = ['UNSET', 'FIXED_ON_RESUME', 'SAMPLE_DEFAULTS', 'add_options', 'given', 'config_from_args', 'sampling_config_from_args',
@@ -130,7 +129,7 @@ def given(args, names) -> dict:
     return out
 
 # %% ../nbs/A4_cli.ipynb #579376a5
-FIXED_ON_RESUME = ("data_path", "tokenizer", "bpe_vocab_size", "preset", "val_fraction")
+FIXED_ON_RESUME = ("tokenizer", "bpe_vocab_size", "preset", "val_fraction")  # --data may move (its hash is checked)
 
 
 def _add_train_args(p: argparse.ArgumentParser) -> dict[str, str]:
@@ -141,6 +140,11 @@ def _add_train_args(p: argparse.ArgumentParser) -> dict[str, str]:
         raise RuntimeError(f"TrainConfig and GPTConfig share field names {sorted(both)}: give one a flag= name")
     run = p.add_argument_group("run")
     run.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
+    run.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start afresh in an --out that holds a run: the old run goes once the new one has its first checkpoint",
+    )
     run.add_argument("--config", metavar="JSON", help="replay a run: a run folder or its config.json (flags override)")
     run.add_argument(
         "--sample-tokens",
@@ -181,8 +185,11 @@ def _resume_config(args, train_given: dict, model_given: dict) -> TrainConfig:
         names = ", ".join(_flag_of(k) for k in fixed)
         raise ValueError(f"--resume continues a saved run, whose data and model cannot change; drop {names}")
     out_dir = train_given.get("out_dir", TrainConfig().out_dir)
-    saved = TrainConfig.from_dict(checkpoint_state(out_dir)["train_config"])
-    return saved.replace(**train_given)
+    state = checkpoint_state(out_dir)
+    if not isinstance(state.get("train_config"), dict):
+        raise ValueError(f"{state['path'] / 'state.json'} has no train_config: it cannot be resumed")
+    saved = TrainConfig.from_dict(state["train_config"])
+    return saved.replace(**{**train_given, "out_dir": out_dir})  # the folder named, never the one recorded
 
 # %% ../nbs/A4_cli.ipynb #55d102d3
 def _flag_of(field: str) -> str:
@@ -207,7 +214,7 @@ def _print_sample(model, tokenizer, n: int, seed: int, prompt: str = "\n"):
 
 def _train(args) -> int:
     cfg, resume = config_from_args(args)
-    trainer = train(cfg, resume=resume)
+    trainer = train(cfg, resume=resume, overwrite=args.overwrite)
     if trainer.is_main:
         ckpts = list_checkpoints(trainer.out_dir)
         if args.sample_tokens > 0:
@@ -251,6 +258,8 @@ def _generator(seed, device):
 def _check_sample_args(args):
     if args.num_samples < 1:
         raise ValueError(f"--num-samples must be at least 1, got {args.num_samples}")
+    if args.seed is not None and not 0 <= args.seed < 2**32:
+        raise ValueError(f"--seed must be between 0 and 2**32 - 1 (4294967295), got {args.seed}")
     if not args.prompt:
         raise ValueError("--prompt is empty: give at least one character to continue (the default is a newline)")
 
@@ -258,9 +267,16 @@ def _check_sample_args(args):
 def _sample(args) -> int:
     _check_sample_args(args)
     config = sampling_config_from_args(args)
-    folder = find_checkpoint(args.out)
+    folder = find_checkpoint(args.out)  # the weights and state.json suffice: no optimizer or RNG states
+    state = checkpoint_state(folder)
+    if not isinstance(state.get("model_config"), dict):
+        raise ValueError(f"{folder / 'state.json'} has no model_config, so its model cannot be rebuilt")
+    try:
+        GPTConfig.from_dict(state["model_config"])
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{folder / 'state.json'} has a model_config gptbook cannot build: {e}") from e
     model = GPT.from_checkpoint(folder, device=pick_device(args.device))
-    tokenizer = load_tokenizer(folder / "tokenizer.json")
+    tokenizer = checkpoint_tokenizer(folder, {**state, "tokenizer": True}, model.config.vocab_size)
     g = _generator(args.seed, next(model.parameters()).device)
     for i in range(args.num_samples):
         if i:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 import sys
 import time
 from contextlib import nullcontext
@@ -15,22 +16,24 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Literal, NamedTuple
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from .checkpoint import atomic_write, checkpoint_state, clear_checkpoints, list_checkpoints
-from .checkpoint import load_optimizer_state, load_weights, restore_rng, save_checkpoint
-from .data import TokenData, get_batch, load_token_data
+from .checkpoint import CKPT_FILES, atomic_write, checkpoint_dirs, checkpoint_state, is_checkpoint_dir
+from .checkpoint import list_checkpoints, load_optimizer_state, load_weights, restore_rng, run_lock
+from .checkpoint import save_checkpoint, sha256_of
+from .data import TokenData, get_batch, load_token_data, tiny_shakespeare_path
 from .model import GPT, GPTConfig, autocast, lm_loss, pick_device, pick_dtype
 from .options import OptionError, Options, option
 from .tokenizer import load_tokenizer
 
 # %% auto #0
-__all__ = ['lr_at', 'param_groups', 'make_optimizer', 'TrainConfig', 'save_run_config', 'load_run_config', 'Checkpoint',
-           'load_checkpoint', 'read_metrics', 'TrainingDiverged', 'Ranks', 'Trainer', 'plot_metrics',
+__all__ = ['lr_at', 'param_groups', 'make_optimizer', 'TrainConfig', 'save_run_config', 'load_run_config', 'checkpoint_tokenizer',
+           'Checkpoint', 'load_checkpoint', 'read_metrics', 'TrainingDiverged', 'Ranks', 'Trainer', 'plot_metrics',
            'init_distributed', 'train']
 
 # %% ../nbs/08_training.ipynb #d3808619
@@ -100,11 +103,23 @@ class TrainConfig(Options):
     grad_clip: float = option(1.0, "largest global gradient norm", min=0, why="0 turns clipping off")
     eval_interval: int = option(250, "steps between evaluations, metrics records and checkpoints", min=1)
     eval_iters: int = option(20, "batches per split in each evaluation", min=1)
-    seed: int = option(1337, "seed of the initial weights, the batch order and dropout", min=0)
+    seed: int = option(
+        1337,
+        "seed of the initial weights, the batch order and dropout",
+        min=0,
+        max=2**32 - 1,
+        why="it also seeds NumPy, whose seeds are 32-bit",
+    )
     device: str = option("auto", "auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps")
     dtype: Literal["auto", "float32", "bfloat16"] = option("auto", "auto: bfloat16 on a GPU that has it, else float32")
     compile: bool = option(False, "torch.compile the model (needs a C++ compiler; pays off on GPUs)")
-    keep_last: int = option(1, "checkpoints kept in out_dir", min=1)
+    keep_last: int = option(1, "checkpoints kept in out_dir (the newest ones)", min=1)
+    diverge_factor: float = option(
+        3.0,
+        "stop, saving nothing, when the val loss exceeds this multiple of the best so far (or is not finite)",
+        min=1,
+        min_open=True,
+    )
     progress: bool = option(True, "show a progress bar (rank 0 only)")
 
     def check(self) -> None:
@@ -159,11 +174,36 @@ def load_run_config(path) -> tuple[TrainConfig, GPTConfig | None]:
     )
 
 # %% ../nbs/08_training.ipynb #eb8af09a
-def _load_tokenizer(folder: Path, state: dict):
-    "The tokenizer saved in the checkpoint `folder` whose `state.json` is `state` (None if it has none)."
+def checkpoint_tokenizer(folder, state: dict, model_vocab_size: int | None = None):
+    """The tokenizer saved in the checkpoint `folder` whose `state.json` is `state` (None if it has none).
+
+    The file is checked against its recorded SHA-256, and its vocabulary against the one the run trained with
+    (or, for older checkpoints, against the model's `model_vocab_size`): a mismatch is a one-line error."""
     if state.get("tokenizer") is None:
         return None
-    return load_tokenizer(folder / "tokenizer.json")  # the file names its own type
+    path = Path(folder) / "tokenizer.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {folder} is incomplete: tokenizer.json is missing")
+    recorded = (state.get("sha256") or {}).get("tokenizer.json")
+    if recorded is not None and sha256_of(path) != recorded:
+        raise ValueError(
+            f"{path} is damaged: its SHA-256 differs from the one recorded in state.json when it was saved"
+        )
+    try:
+        tokenizer = load_tokenizer(path)  # the file names its own type
+    except (KeyError, TypeError, ValueError, AttributeError) as e:  # JSON and UTF-8 errors are ValueErrors
+        raise ValueError(
+            f"{path} is not a tokenizer gptbook can read ({type(e).__name__}: {e}): the file is damaged"
+        ) from e
+    expected = state.get("tokenizer_vocab_size")
+    if (expected is not None and tokenizer.vocab_size != expected) or (
+        expected is None and model_vocab_size is not None and tokenizer.vocab_size > model_vocab_size
+    ):
+        raise ValueError(
+            f"{path} has {tokenizer.vocab_size} ids, but the model of this checkpoint was trained with "
+            f"{expected or model_vocab_size}: the tokenizer belongs to another run"
+        )
+    return tokenizer
 
 
 @dataclass
@@ -179,23 +219,53 @@ class Checkpoint:
 
 
 def load_checkpoint(path, device=None) -> Checkpoint:
-    "Load the GPT of a checkpoint folder (or of the latest checkpoint in a run folder) for inference, on `device`."
+    """Load the GPT of a checkpoint folder (or of the latest checkpoint in a run folder) for inference, on `device`.
+
+    Inference needs the weights, `state.json` and the tokenizer only, not the optimizer or the random states."""
     state = checkpoint_state(path)
     folder = state["path"]
     model = GPT.from_checkpoint(folder, device)
     train_config = state.get("train_config")
     train_config = None if train_config is None else TrainConfig.from_dict(train_config)
-    return Checkpoint(model, _load_tokenizer(folder, state), model.config, train_config, state["iter"], folder)
+    tokenizer = checkpoint_tokenizer(folder, state, model.config.vocab_size)
+    return Checkpoint(model, tokenizer, model.config, train_config, state["iter"], folder)
 
 # %% ../nbs/08_training.ipynb #0df709ca
+def _parse_metrics(path: Path) -> tuple[list[dict], bool]:
+    """The records of the metrics file `path`, and whether its last line was torn (not JSON, or not UTF-8).
+
+    A torn last line is what a crash in the middle of an append leaves; any other bad line is a ValueError
+    naming the file and the line."""
+    lines = path.read_bytes().split(b"\n")
+    while lines and not lines[-1].strip():
+        lines.pop()
+    records = []
+    for n, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        try:
+            record = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            if n == len(lines):
+                return records, True
+            raise ValueError(f"{path} line {n} is not a metrics record ({e}): remove that line and resume") from e
+        if not isinstance(record, dict) or not isinstance(record.get("iter"), int):
+            raise ValueError(
+                f'{path} line {n} is not a metrics record (no integer "iter": {raw[:60]!r}): '
+                "remove that line and resume"
+            )
+        records.append(record)
+    return records, False
+
+
 def read_metrics(path) -> list[dict]:
-    "The records of a `metrics.jsonl` file (or of a run folder's); [] if there is none."
+    "The records of a `metrics.jsonl` file (or of a run folder's); [] if there is none. A torn last line is skipped."
     path = Path(path)
     if path.is_dir():
         path = path / "metrics.jsonl"
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return _parse_metrics(path)[0]
 
 
 def _rewrite_metrics(path: Path, records: list[dict]) -> None:
@@ -208,7 +278,16 @@ def _rewrite_metrics(path: Path, records: list[dict]) -> None:
 # %% ../nbs/08_training.ipynb #441da4a3
 #| code-fold: true
 class TrainingDiverged(FloatingPointError):
-    "The loss became NaN or infinite."
+    "The loss became NaN or infinite, or the validation loss exploded."
+
+
+def _finite_val_loss(folder: Path) -> bool:
+    "Whether the checkpoint `folder` recorded a finite val loss (or none: checkpoints of older versions)."
+    try:
+        val = json.loads((folder / "state.json").read_text(encoding="utf-8")).get("val_loss")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return val is None or (isinstance(val, float | int) and math.isfinite(val))
 
 
 class Ranks(NamedTuple):
@@ -265,6 +344,8 @@ class Trainer:
         self.step_losses: list[float] = []  # the training loss of every step this Trainer took
         self.out_dir = Path(cfg.out_dir)
         self.metrics_path = self.out_dir / "metrics.jsonl"
+        self.replaces_run = False  # True: an earlier run in out_dir goes once this run's first checkpoint is saved
+        self.data_sha256: str | None = None  # of the data file, recorded at the start of the run
 
     @property
     def tokens_per_step(self) -> int:
@@ -316,11 +397,27 @@ class Trainer:
         if math.isfinite(loss):
             return
         self.optimizer.zero_grad(set_to_none=True)
-        ckpts = list_checkpoints(self.out_dir)
         raise TrainingDiverged(
-            f"the loss is {loss} at step {self.step}; training stopped before updating the weights. "
-            + (f"The last good checkpoint is {ckpts[-1]}. " if ckpts else "No checkpoint was saved yet. ")
-            + "Try a lower lr, more warmup_iters, or dtype float32."
+            f"the loss is {loss} at step {self.step}; training stopped before updating the weights. {self._last_good()}"
+        )
+
+    def _last_good(self) -> str:
+        "Where to resume from after a divergence: the newest checkpoint of this run whose val loss was finite."
+        good = [] if self.replaces_run else [p for p in list_checkpoints(self.out_dir) if _finite_val_loss(p)]
+        where = f"The last good checkpoint is {good[-1]}. " if good else "No checkpoint of this run was saved yet. "
+        return where + "Try a lower lr, more warmup_iters, or dtype float32."
+
+    def _check_evaluation(self, record: dict) -> None:
+        "Raise `TrainingDiverged` (before any save) when this evaluation is not finite or exploded past the best."
+        best = min((r["val_loss"] for r in self.history[:-1] if math.isfinite(r["val_loss"])), default=math.inf)
+        val, train = record["val_loss"], record["train_loss"]
+        if math.isfinite(val) and math.isfinite(train) and val <= self.cfg.diverge_factor * best:
+            return
+        finite = math.isfinite(val) and math.isfinite(train)
+        why = "" if not finite else f" (over diverge_factor={self.cfg.diverge_factor:g} x the best so far, {best:.4f})"
+        raise TrainingDiverged(
+            f"the evaluation at step {self.step} gives train loss {train:.4g}, val loss {val:.4g}{why}: "
+            f"the run diverged, and step {self.step} was not saved. {self._last_good()}"
         )
 
     @torch.no_grad()
@@ -343,7 +440,7 @@ class Trainer:
     def log(self, record: dict) -> None:
         "Keep `record` in `history`; on rank 0 also append it to metrics.jsonl."
         self.history.append(record)
-        if not self.is_main:
+        if not self.is_main or self.replaces_run:  # a replacing run writes its records with its first checkpoint
             return
         self.out_dir.mkdir(parents=True, exist_ok=True)
         with open(self.metrics_path, "a", encoding="utf-8") as f:
@@ -357,9 +454,12 @@ class Trainer:
             "train_config": self.cfg.to_dict(),
             "model_config": None if self.model_config is None else self.model_config.to_dict(),
             "last_eval_iter": self.last_eval_step,
+            "val_loss": self.history[-1]["val_loss"] if self.history else None,
             "world_size": self.world_size,
+            "data_sha256": self.data_sha256,
+            "tokenizer_vocab_size": getattr(self.data.tokenizer, "vocab_size", None),
         }
-        return save_checkpoint(
+        folder = save_checkpoint(
             self.out_dir,
             self.step,
             self.model,
@@ -368,22 +468,31 @@ class Trainer:
             tokenizer=self.data.tokenizer,
             meta=meta,
             keep_last=self.cfg.keep_last,
+            replace_run=self.replaces_run,
         )
+        if self.replaces_run:  # the new run is safe on disk: now its records and config replace the old ones
+            _rewrite_metrics(self.metrics_path, self.history)
+            save_run_config(self.out_dir, self.cfg, self.model_config)
+            self.replaces_run = False
+        return folder
 
     def load(self, path) -> Path:
         "Restore what `save` wrote (weights, optimizer, RNG states, batch generator, step) from `path`."
-        return self._restore(checkpoint_state(path))
+        return self._restore(checkpoint_state(path, CKPT_FILES))
 
     def _restore(self, state: dict) -> Path:
         "Restore the checkpoint whose `state.json` is `state` (as `checkpoint_state` returns it, with its `path`)."
         folder = state["path"]
         load_weights(self.model, folder)
-        self.optimizer.load_state_dict(load_optimizer_state(folder, state))
+        self.optimizer.load_state_dict(load_optimizer_state(folder, state, self.optimizer))
         self.batch_generator.set_state(restore_rng(folder, state))
         if self.rank > 0:  # only rank 0's RNG is saved: the others reseed their own dropout stream
             torch.manual_seed(self.cfg.seed + 1000 * self.rank + state["iter"])
         self.step, self.last_eval_step = state["iter"], state.get("last_eval_iter")
-        self.history = [r for r in read_metrics(self.metrics_path) if r["iter"] <= self.step]
+        records, torn = _parse_metrics(self.metrics_path) if self.metrics_path.is_file() else ([], False)
+        if torn and self.is_main:
+            print(f"note: {self.metrics_path}: removed a torn last line (a crash while writing it)", file=sys.stderr)
+        self.history = [r for r in records if r["iter"] <= self.step]
         if self.is_main:
             _rewrite_metrics(self.metrics_path, self.history)  # the steps after the checkpoint are redone
         return folder
@@ -391,7 +500,7 @@ class Trainer:
     def fit(self, stop_at: int | None = None) -> list[dict]:
         "Train to `cfg.max_iters` (or stop after step `stop_at`); evaluate, log and checkpoint every `eval_interval`."
         end = self.cfg.max_iters if stop_at is None else min(stop_at, self.cfg.max_iters)
-        if self.is_main:
+        if self.is_main and not self.replaces_run:
             save_run_config(self.out_dir, self.cfg, self.model_config)
         bar, interval, t_start = self._progress_bar(), _Interval(), time.perf_counter()
         try:
@@ -399,6 +508,7 @@ class Trainer:
                 if self._evaluation_due(end):
                     self._evaluate_and_log(interval, t_start, bar)
                     if self.step > 0:
+                        self._check_evaluation(self.history[-1])  # a diverged evaluation is never saved
                         self.save()
                     interval = _Interval()
                 if self.step >= end:
@@ -495,24 +605,109 @@ def init_distributed() -> Ranks:
     return Ranks(dist.get_rank(), local_rank, dist.get_world_size())
 
 # %% ../nbs/08_training.ipynb #170ac749
-def _clear_run(out_dir: Path) -> None:
-    "Remove the checkpoints, leftovers and metrics of an earlier run in `out_dir`, and say so."
-    n = clear_checkpoints(out_dir)
-    (out_dir / "metrics.jsonl").unlink(missing_ok=True)
-    if n:
-        print(
-            f"note: fresh run in {out_dir}: removed {n} checkpoint(s) of an earlier run "
-            "(resume to continue a run instead)",
-            file=sys.stderr,
+def _run_dir(cfg: TrainConfig) -> Path:
+    "The run folder `cfg.out_dir`; a checkpoint folder given in its place is refused, naming its run folder."
+    out = Path(cfg.out_dir)
+    if is_checkpoint_dir(out):
+        raise ValueError(
+            f"--out {out} is a checkpoint folder, not a run folder; give its run folder: --out {out.parent}"
         )
+    return out
+
+
+def _earlier_run(out_dir: Path) -> list[str]:
+    "What of an earlier run `out_dir` holds: checkpoint folders, metrics.jsonl, config.json."
+    found = [p.name for p in checkpoint_dirs(out_dir)]
+    return found + [f for f in ("metrics.jsonl", "config.json") if (out_dir / f).is_file()]
+
+
+def _check_fresh(out_dir: Path, overwrite: bool) -> bool:
+    "Refuse to start a fresh run over an earlier one unless `overwrite`; returns whether there is one to replace."
+    if not (old := _earlier_run(out_dir)):
+        return False
+    if not overwrite:
+        raise FileExistsError(
+            f"{out_dir} holds a run ({', '.join(old[:4])}); continue it with --resume, or pass --overwrite to "
+            "replace it (it is removed once the new run has saved its first checkpoint)"
+        )
+    return True
+
+
+def _data_file(cfg: TrainConfig) -> Path:
+    "The text file the run trains on (`data_path`, else Tiny Shakespeare, located as `gptbook.data` does)."
+    return Path(cfg.data_path) if cfg.data_path else tiny_shakespeare_path()
+
+
+def _check_same_data(cfg: TrainConfig, saved: dict) -> None:
+    "On resume: the data file must be the one whose SHA-256 the run recorded when it started."
+    recorded, path = saved.get("data_sha256"), _data_file(cfg)
+    if recorded is None:
+        return  # a checkpoint of an older version, or of a run given its data as tokens
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"the run's data file {path} is gone (moved or deleted): give its new place with --data PATH "
+            "(it is checked against the SHA-256 recorded when the run started)"
+        )
+    if (now := sha256_of(path)) != recorded:
+        raise ValueError(
+            f"the data file {path} changed since the run started (SHA-256 {now[:12]}... now, {recorded[:12]}... "
+            "then): resume with the original text (--data PATH), or start a fresh run"
+        )
+
+
+def _check_run(cfg: TrainConfig, model_config: GPTConfig, data: TokenData) -> None:
+    "What a run can be refused for before it starts: vocabulary, device and dtype, data shorter than a window."
+    if model_config.vocab_size < data.vocab_size:
+        raise ValueError(
+            f"the model's vocab_size {model_config.vocab_size} is smaller than the tokenizer's {data.vocab_size}"
+        )
+    pick_dtype(cfg.dtype, pick_device(cfg.device))
+    window = (cfg.context_len or model_config.max_seq_len) + 1
+    for split, ids in (("training", data.train), ("validation", data.val)):
+        if len(ids) < window:
+            raise ValueError(
+                f"the {split} split has {len(ids):,} tokens, but a batch needs windows of context_len + 1 = "
+                f"{window:,}: use a longer text (--data) or a shorter context (--context-len, --max-seq-len)"
+            )
 
 
 def _new_model(model_config: GPTConfig, seed: int, rank: int) -> GPT:
     "A GPT with the same initial weights in every process, then a dropout stream of its own per process."
     torch.manual_seed(seed)
+    np.random.seed(seed)  # nothing in gptbook draws from NumPy or Python's RNG; user code might
+    random.seed(seed)
     model = GPT(model_config)
     torch.manual_seed(seed + rank)
     return model
+
+# %% ../nbs/08_training.ipynb #t8train01
+def _configs(cfg, model_config, saved, run_dir: Path):
+    "The run's TrainConfig (data path made absolute) and GPTConfig; on resume, those of the checkpoint `saved`."
+    if saved is not None:
+        if not isinstance(saved.get("train_config"), dict) or not isinstance(saved.get("model_config"), dict):
+            raise ValueError(
+                f"{saved['path'] / 'state.json'} has no train_config or model_config: it cannot be resumed"
+            )
+        cfg = cfg or TrainConfig.from_dict(saved["train_config"]).replace(out_dir=str(run_dir))
+        model_config = GPTConfig.from_dict(saved["model_config"])
+    cfg = cfg or TrainConfig()
+    if cfg.data_path:  # stored absolute, so that the run resumes from any working directory
+        cfg = cfg.replace(data_path=str(Path(cfg.data_path).expanduser().resolve()))
+    return cfg, model_config
+
+
+def _prepare(cfg, model_config, data, saved):
+    "Check and load everything a run needs, changing nothing on disk; returns the model config, data and data hash."
+    if saved is not None and data is None:
+        _check_same_data(cfg, saved)
+    data_sha256 = None  # unknown when the tokens are given
+    if data is None:
+        tokenizer = None if saved is None else checkpoint_tokenizer(saved["path"], saved)
+        data = load_token_data(tokenizer or cfg.tokenizer, cfg.bpe_vocab_size, cfg.data_path, cfg.val_fraction)
+        data_sha256 = (saved or {}).get("data_sha256") or sha256_of(_data_file(cfg))
+    model_config = model_config or GPTConfig.from_preset(cfg.preset, data.vocab_size, **cfg.model_overrides)
+    _check_run(cfg, model_config, data)
+    return model_config, data, data_sha256
 
 
 def train(
@@ -521,29 +716,33 @@ def train(
     *,
     resume: bool = False,
     data: TokenData | None = None,
+    overwrite: bool = False,
 ) -> Trainer:
-    "Train a GPT as `cfg` says, from scratch or (`resume=True`) from the latest checkpoint in `cfg.out_dir`."
+    """Train a GPT as `cfg` says, from scratch or (`resume=True`) from the latest checkpoint in `cfg.out_dir`.
+
+    Everything is checked before anything on disk changes, under the run folder's lock. A fresh run refuses a
+    folder that holds a run unless `overwrite`; then the old run is removed once the new one's first checkpoint
+    is saved, so a run that fails on the way leaves the old one whole."""
     ranks = init_distributed()
-    saved = checkpoint_state((cfg or TrainConfig()).out_dir) if resume else None
-    if saved is not None:
-        cfg = cfg or TrainConfig.from_dict(saved["train_config"])
-        model_config = GPTConfig.from_dict(saved["model_config"])
-    cfg = cfg or TrainConfig()
-    if data is None:
-        tokenizer = None if saved is None else _load_tokenizer(saved["path"], saved)
-        data = load_token_data(tokenizer or cfg.tokenizer, cfg.bpe_vocab_size, cfg.data_path, cfg.val_fraction)
-    model_config = model_config or GPTConfig.from_preset(cfg.preset, data.vocab_size, **cfg.model_overrides)
-    if model_config.vocab_size < data.vocab_size:
-        raise ValueError(
-            f"the model's vocab_size {model_config.vocab_size} is smaller than the tokenizer's {data.vocab_size}"
-        )
-    pick_dtype(cfg.dtype, pick_device(cfg.device))  # a bad device or dtype fails here, before an earlier run is removed
-    if saved is None and ranks.rank == 0:
-        _clear_run(Path(cfg.out_dir))
-    if ranks.world_size > 1:
-        dist.barrier()
-    trainer = Trainer(_new_model(model_config, cfg.seed, ranks.rank), data, cfg, model_config, ranks)
-    if saved is not None:
-        trainer._restore(saved)
-    trainer.fit()
+    run_dir = _run_dir(cfg or TrainConfig())
+    with run_lock(run_dir) if ranks.rank == 0 else nullcontext():
+        saved = checkpoint_state(run_dir, CKPT_FILES) if resume else None
+        replaces = saved is None and ranks.rank == 0 and _check_fresh(run_dir, overwrite)
+        cfg, model_config = _configs(cfg, model_config, saved, run_dir)
+        model_config, data, data_sha256 = _prepare(cfg, model_config, data, saved)
+        if ranks.world_size > 1:
+            dist.barrier()
+        trainer = Trainer(_new_model(model_config, cfg.seed, ranks.rank), data, cfg, model_config, ranks)
+        trainer.data_sha256, trainer.replaces_run = data_sha256, replaces
+        if saved is not None:
+            trainer._restore(saved)
+            if trainer.step >= cfg.max_iters:
+                if ranks.rank == 0:
+                    print(
+                        f"note: {run_dir} is at step {trainer.step} and max_iters is {cfg.max_iters}: nothing was "
+                        "trained; raise --max-iters to train further",
+                        file=sys.stderr,
+                    )
+                return trainer
+        trainer.fit()
     return trainer

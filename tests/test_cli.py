@@ -133,7 +133,7 @@ def test_flags_are_the_config_fields():
     train_flags, sample_flags = _flags(commands["train"]), _flags(commands["sample"])
     negations = {f"--no-{f.name.replace('_', '-')}" for c in (TrainConfig, GPTConfig) for f in dataclasses.fields(c)}
     extra = train_flags - _field_flags(TrainConfig) - _field_flags(GPTConfig) - negations
-    assert extra == {"--help", "--resume", "--config", "--sample-tokens"}
+    assert extra == {"--help", "--resume", "--overwrite", "--config", "--sample-tokens"}
     assert _field_flags(TrainConfig) | _field_flags(GPTConfig) <= train_flags
     assert {"--out", "--data"} <= _field_flags(TrainConfig)  # the contract's names for out_dir and data_path
     assert _field_flags(SamplingConfig) <= sample_flags
@@ -309,7 +309,7 @@ def test_bad_device_leaves_the_earlier_run_alone(capsys, run_dir, tmp_path):
     out = tmp_path / "run"
     shutil.copytree(run_dir[0], out)
     before = sorted(p.name for p in out.iterdir())
-    status, _, err = call(capsys, "train", "--out", out, "--device", "cuda", *TINY)
+    status, _, err = call(capsys, "train", "--out", out, "--device", "cuda", "--overwrite", *TINY)
     assert status == 1 and "no CUDA GPU" in err and "Traceback" not in err
     assert sorted(p.name for p in out.iterdir()) == before
 

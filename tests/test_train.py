@@ -346,14 +346,14 @@ def test_resume_trims_metrics_past_the_checkpoint(chars, tmp_path):
     assert [r["iter"] for r in read_metrics(tmp_path)] == [0, 5, 10]
 
 
-def test_fresh_run_clears_an_old_one(chars, tmp_path):
+def test_fresh_run_replaces_an_old_one_with_overwrite(chars, tmp_path):
     new_trainer(chars, tiny_cfg(tmp_path, max_iters=10), tiny_config()).fit()
-    train(
-        tiny_cfg(
-            tmp_path, max_iters=5, model_overrides={"n_layers": 1, "n_heads": 2, "d_model": 32, "max_seq_len": 16}
-        ),
-        data=chars,
+    cfg = tiny_cfg(
+        tmp_path, max_iters=5, model_overrides={"n_layers": 1, "n_heads": 2, "d_model": 32, "max_seq_len": 16}
     )
+    with pytest.raises(FileExistsError, match="--overwrite"):
+        train(cfg, data=chars)
+    train(cfg, data=chars, overwrite=True)
     assert [p.name for p in list_checkpoints(tmp_path)] == ["ckpt_0000005"]
     assert [r["iter"] for r in read_metrics(tmp_path)] == [0, 5]
 
