@@ -382,11 +382,12 @@ def _verify(path: Path) -> None:
         raise _damaged(path, "its SHA-256 differs from the one recorded in state.json when it was saved")
 
 
-def _load_file(path: Path) -> dict:
-    "The tensors of a safetensors file, or a ValueError that names the damaged file."
+def _load_file(path: Path, verify: bool = True) -> dict:
+    "The tensors of a safetensors file (checked against its recorded SHA-256), or a ValueError that names the file."
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path.parent} is incomplete: {path.name} is missing")
-    _verify(path)
+    if verify:
+        _verify(path)
     try:
         return load_file(path)
     except SafetensorError as e:
@@ -398,21 +399,22 @@ def _shape_mismatches(path: Path, model) -> list[str]:
     want = {k: list(v.shape) for k, v in model.state_dict().items()}
     with safe_open(path, "pt") as f:
         have = {k: list(f.get_slice(k).get_shape()) for k in f.keys()}
-    return [
-        f"{k} is {have[k]} in the file but {want[k]} in the model" for k in have if k in want and have[k] != want[k]
-    ]
+    bad = sorted(
+        (k for k in have if k in want and have[k] != want[k]), key=lambda k: (-len(have[k]), k)
+    )  # matrices first
+    return [f"{k} is {have[k]} in the file but {want[k]} in the model" for k in bad]
 
 
 def load_weights(model, folder) -> None:
     "Load the weights of the checkpoint `folder` into `model` (built with the checkpoint's config)."
     path = Path(folder) / "model.safetensors"
-    _verify(path)
     try:
         if bad := _shape_mismatches(path, model):
             raise ValueError(
                 f"{path} holds the weights of another model ({'; '.join(bad[:3])}{'; ...' if len(bad) > 3 else ''}): "
                 "its state.json's model_config and its weights come from different runs"
             )
+        _verify(path)  # after the shapes: a file from another run is named as such, not as damaged
         load_model(model, str(path))  # fills a tied head from the one stored copy
     except SafetensorError as e:
         raise _damaged(path, e) from e
@@ -446,13 +448,14 @@ def load_optimizer_state(folder, state: dict, optimizer=None) -> dict | None:
     if state.get("optimizer") is None:
         return None
     path = Path(folder) / "optimizer.safetensors"
-    tensors = _load_file(path)
+    tensors = _load_file(path, verify=False)  # checked after the shapes, as the weights are
     try:
         sd = _join_optimizer_state(tensors, state["optimizer"])
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise _state_error(Path(folder), f'has an "optimizer" entry that does not describe {path.name} ({e!r})') from e
     if optimizer is not None:
         _check_optimizer_fits(sd, optimizer, path)
+    _verify(path)
     return sd
 
 
