@@ -449,7 +449,10 @@ def _tensors_equal(a: Path, b: Path) -> bool:
 
 
 def _kill_once(out: Path, proc, inside_save: bool, rng: random.Random) -> bool:
-    "Kill `proc` with SIGKILL, inside a save (a .tmp_ folder exists) or at a random moment; False if it ended first."
+    """Kill `proc` with SIGKILL, inside a save (once a .tmp_ folder exists) or at a random moment.
+
+    Returns (whether the moment was inside a save, whether the kill left a temporary folder), or None if the
+    process ended first."""
     start = C.find_checkpoint(out).name if list_checkpoints(out) else None
 
     def progressed():
@@ -457,17 +460,17 @@ def _kill_once(out: Path, proc, inside_save: bool, rng: random.Random) -> bool:
         return bool(ckpts) and ckpts[-1].name != start
 
     if not _wait_for(progressed, proc):  # at least one new checkpoint per life: the campaign advances
-        return False
+        return None
     if inside_save:
         found = _wait_for(lambda: any(p.name.startswith(".tmp_ckpt_") for p in out.iterdir()), proc, timeout=20)
     else:
         time.sleep(rng.uniform(0, 0.3))
         found = proc.poll() is None
     if proc.poll() is not None:
-        return False
+        return None
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
-    return found
+    return found, any(p.name.startswith((".tmp_ckpt_", ".trash_")) for p in out.iterdir())
 
 
 @pytest.mark.slow
@@ -477,14 +480,16 @@ def test_kill9_campaign_resumes_bit_exactly(tmp_path, shakespeare_path):
     proc = _spawn_train(ref, *CAMPAIGN, *T)
     assert proc.wait(timeout=300) == 0, proc.stderr.read().decode()
     out, rng = tmp_path / "killed", random.Random(0)
-    figures = {"kills": 0, "kills inside saves": 0, "resumes": 0, "loads after a kill": 0}
+    figures = dict.fromkeys(["kills", "kills inside saves", "kills that left a temporary folder", "resumes"], 0)
+    figures["loads after a kill"] = 0
     proc = _spawn_train(out, *CAMPAIGN, *T)
     while True:
-        inside = figures["kills"] % 2 == 1
-        if not _kill_once(out, proc, inside, rng):
+        killed = _kill_once(out, proc, figures["kills"] % 2 == 1, rng)
+        if killed is None:
             break
         figures["kills"] += 1
-        figures["kills inside saves"] += inside
+        figures["kills inside saves"] += killed[0]
+        figures["kills that left a temporary folder"] += killed[1]
         ck = load_checkpoint(out)  # the latest checkpoint loads, and every ckpt_* folder is complete
         assert all((p / f).is_file() for p in C.checkpoint_dirs(out) for f in CKPT_FILES)
         figures["loads after a kill"] += 1
