@@ -62,6 +62,7 @@ def run_ours(iters: int, threads) -> dict:
         "train",
         "--out",
         str(out),
+        "--overwrite",  # the previous benchmark's run
         "--max-iters",
         str(iters),
         "--device",

@@ -225,14 +225,16 @@ def sha256_of(path, block_size: int = 1 << 20) -> str:
 
 def _write_error(e: Exception, final: Path, size: int) -> OSError:
     "The one-line OSError for a save that failed: a full disk says how much room a checkpoint needs."
+    kept = list_checkpoints(final.parent)
+    intact = f" ({kept[-1]} is intact)" if kept else ""
     if getattr(e, "errno", None) == errno.ENOSPC or "os error 28" in str(e) or "No space left" in str(e):
         err = OSError(
             f"no space left on device while writing {final}; free space (a checkpoint needs ~{size / 1e6:.1f} MB) "
-            f"and resume{_earlier(final, 'from')}"
+            f"and resume{intact}"
         )
         err.errno = errno.ENOSPC
         return err
-    return OSError(f"could not write {final} ({e}){_earlier(final, 'from')}")
+    return OSError(f"could not write {final} ({e}){intact}")
 
 
 def _checkpoint_bytes(model, opt_tensors: dict) -> int:
@@ -493,8 +495,10 @@ def run_lock(out_dir):
     """Hold an exclusive lock on the run folder `out_dir` (created if needed, and checked writable) for the block.
 
     The lock is `fcntl.flock` on `out_dir/.lock`, which also holds the owner's pid: a second process fails at once,
-    and the kernel drops the lock when its holder dies, even by `kill -9`, so a stale lock never blocks."""
+    and the kernel drops the lock when its holder dies, even by `kill -9`, so a stale lock never blocks.
+    A folder that the lock created and that is still empty at the end (a run that failed to start) is removed."""
     out_dir = Path(out_dir)
+    created = not out_dir.exists()
     _check_writable(out_dir)
     try:
         fd = os.open(out_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o666)
@@ -513,4 +517,8 @@ def run_lock(out_dir):
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield out_dir
     finally:
+        if created and [p.name for p in out_dir.iterdir()] == [LOCK_FILE]:
+            (out_dir / LOCK_FILE).unlink()  # still holding the lock: no other process can be using the folder
+            with contextlib.suppress(OSError):
+                out_dir.rmdir()
         os.close(fd)

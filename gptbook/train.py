@@ -622,10 +622,11 @@ def _earlier_run(out_dir: Path) -> list[str]:
 
 
 def _check_fresh(out_dir: Path, overwrite: bool) -> bool:
-    "Refuse to start a fresh run over an earlier one unless `overwrite`; returns whether there is one to replace."
+    """Refuse to start a fresh run over an earlier one that has checkpoints unless `overwrite`; returns whether
+    there is something to replace (a run killed before its first checkpoint leaves only metrics and config)."""
     if not (old := _earlier_run(out_dir)):
         return False
-    if not overwrite:
+    if checkpoint_dirs(out_dir) and not overwrite:
         raise FileExistsError(
             f"{out_dir} holds a run ({', '.join(old[:4])}); continue it with --resume, or pass --overwrite to "
             "replace it (it is removed once the new run has saved its first checkpoint)"

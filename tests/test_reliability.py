@@ -117,6 +117,16 @@ def test_w1_overwrite_replaces_the_old_run_only_after_the_first_checkpoint(capsy
     assert json.loads((run / "config.json").read_text())["train_config"]["max_iters"] == 6
 
 
+def test_w1_a_folder_whose_run_saved_no_checkpoint_needs_no_overwrite(capsys, tmp_path):
+    out = tmp_path / "r"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text('{"iter": 0, "train_loss": 4.2, "val_loss": 4.2}\n')  # killed before a save
+    (out / "config.json").write_text("{}")
+    status, _, err = call(capsys, "train", "--out", out, "--max-iters", "4", "--eval-interval", "2", *T)
+    assert status == 0, err
+    assert [r["iter"] for r in read_metrics(out)] == [0, 2, 4] and load_checkpoint(out).iter == 4
+
+
 # --- D2: a diverged evaluation is never saved ---------------------------------------------------
 
 
@@ -259,6 +269,25 @@ def test_d6_a_full_disk_while_saving_is_one_line_and_keeps_the_last_checkpoint(c
         "metrics.jsonl",
     ]  # no temporary folder left
     assert load_checkpoint(run).iter == 20
+
+
+def test_d6_a_real_full_disk_keeps_the_last_checkpoint(capsys, base, tmp_path):
+    "The same on a real small tmpfs (needs root to mount it: skipped elsewhere)."
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    size = sum(p.stat().st_size for p in base.rglob("*") if p.is_file()) + 64_000  # room for less than a checkpoint
+    if subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)], capture_output=True
+    ).returncode:
+        pytest.skip("cannot mount a tmpfs here (not root)")
+    try:
+        shutil.copytree(base, mnt / "run")
+        status, _, err = call(capsys, "train", "--out", mnt / "run", "--resume", "--max-iters", "30")
+        one_line_error(status, err, "o space left on device")
+        assert not [p for p in (mnt / "run").iterdir() if p.name.startswith((".tmp_", ".trash_"))]
+        assert load_checkpoint(mnt / "run").iter == 20
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
 
 
 # --- D7: damaged and foreign files -----------------------------------------------------------------
