@@ -726,6 +726,8 @@ def train(
     is saved, so a run that fails on the way leaves the old one whole."""
     ranks = init_distributed()
     run_dir = _run_dir(cfg or TrainConfig())
+    if resume and not run_dir.is_dir():
+        checkpoint_state(run_dir)  # says that the folder does not exist (the lock would create it)
     with run_lock(run_dir) if ranks.rank == 0 else nullcontext():
         saved = checkpoint_state(run_dir, CKPT_FILES) if resume else None
         replaces = saved is None and ranks.rank == 0 and _check_fresh(run_dir, overwrite)
