@@ -342,7 +342,7 @@ _GPT2_ASCII = re.compile(
 
 def pretokenize(text: str, pattern=GPT2_PATTERN) -> list[str]:
     "Split `text` into the chunks `pattern` matches. Example: \"it's 2 o'clock\" -> ['it', \"'s\", ' 2', ' o', ...]"
-    pat = _compile_pattern(pattern) if isinstance(pattern, str) else pattern
+    pat = pattern if isinstance(pattern, (regex.Pattern, re.Pattern)) else _compile_pattern(pattern)
     if pat.pattern == GPT2_PATTERN:  # matches every character (letter, digit, space or other): nothing to check
         return (_GPT2_ASCII if text.isascii() else pat).findall(text)
     seconds = 1.0 + len(text) / 100_000  # ~100 times what a sane pattern needs
