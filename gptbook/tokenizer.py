@@ -73,11 +73,11 @@ def _field(path, contents: dict, key: str, types, what: str):
 
 
 def _from_file(path, build):
-    "`build()`, any TypeError or ValueError about the file's contents prefixed with the file's path."
+    "`build()`; a TypeError or ValueError about the file's contents becomes a ValueError that names the file."
     try:
         return build()
     except (TypeError, ValueError) as e:
-        raise (TypeError if isinstance(e, TypeError) else ValueError)(f"{path}: {e}") from None
+        raise ValueError(f"{path}: {e}") from None
 
 
 def _token_id(i, vocab_size: int, what: str) -> int:

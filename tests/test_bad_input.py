@@ -64,7 +64,7 @@ def write(path: Path, content) -> Path:
 )
 def test_d7_tokenizer_file_without_its_fields_names_the_file(tmp_path, contents):
     path = write(tmp_path / "tokenizer.json", contents)
-    with pytest.raises((ValueError, TypeError)) as e:
+    with pytest.raises(ValueError) as e:
         load_tokenizer(path)
     assert str(path) in str(e.value) and "\n" not in str(e.value)
 
@@ -190,7 +190,7 @@ def test_w8_patterns_still_work_under_the_time_limit():
 @pytest.mark.parametrize("pattern,exc,match", [("(a", ValueError, "is not a valid regex"), (5, TypeError, "pattern")])
 def test_w8_a_bad_pattern_names_the_file(tmp_path, pattern, exc, match):
     path = write(tmp_path / "tokenizer.json", {"type": "bpe", "pattern": pattern, "merges": []})
-    with pytest.raises(exc, match=match) as e:
+    with pytest.raises(ValueError, match=match) as e:  # a damaged file is a ValueError, whatever is wrong in it
         load_tokenizer(path)
     assert str(e.value).startswith(str(path))
     with pytest.raises(exc, match=match):
