@@ -537,7 +537,7 @@ def generate(
     lengths = _prompt_lengths(idx, attention_mask)  # (B,)
     if config.max_new_tokens == 0:
         return idx.clone()
-    _check_output_fits(idx, config.max_new_tokens)  # before the (B, max_new_tokens) buffer is made
+    _check_output_fits(idx, config.max_new_tokens)  # before any buffer is made
     seq, forced = _left_align(idx, lengths)  # all rows start at position 0 with the shortest prompt's length
     steps = _token_loop(model, seq, forced[0].size(1) + config.max_new_tokens, config, generator, forced)
     new, n_new = _collect_new_tokens(steps, lengths - seq.size(1), config.max_new_tokens, config.stop)
