@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import hashlib
 import http.client
+import json
 import os
 import urllib.error
 import urllib.request
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,11 +92,17 @@ def _how_to_supply(cache_file: Path) -> str:
     )
 
 # %% ../nbs/07_data.ipynb #3deaa6de
+def _unset_hint(where: str) -> str:
+    return " (or point GPTBOOK_DATA elsewhere, or unset it)" if "GPTBOOK_DATA" in where else ""
+
+
 def _verified(p: Path, sha256: str, verify: bool, where: str) -> Path:
     if verify and (digest := sha256_file(p)) != sha256:
         raise ChecksumError(
-            f"{p} ({where}) has SHA-256 {digest}, but Tiny Shakespeare has {sha256}. "
-            f"It is a different or damaged file: replace it, or pass verify=False to use it as it is."
+            f"{p} ({where}) has SHA-256 {digest}, but Tiny Shakespeare has {sha256}: it is a different or damaged "
+            f"file. For Tiny Shakespeare, replace it{_unset_hint(where)}; to train on this text, pass it as your own "
+            f"data, `gptbook train --data {p}` or load_token_data(path=...), which read any UTF-8 text; "
+            "or pass verify=False to use it as Tiny Shakespeare anyway."
         )
     return p
 
@@ -137,7 +145,19 @@ def tiny_shakespeare_path(
 # %% ../nbs/07_data.ipynb #2ffbbcc3
 def tiny_shakespeare(path: str | Path | None = None, **kwargs) -> str:
     "The text of Tiny Shakespeare (1,115,394 characters), found as `tiny_shakespeare_path` says."
-    return tiny_shakespeare_path(path, **kwargs).read_text(encoding="utf-8")
+    return _read_utf8(tiny_shakespeare_path(path, **kwargs))
+
+
+def _read_utf8(p: Path) -> str:
+    "The text of the file `p`; one that is not UTF-8 is a ValueError naming the file and its first bad byte."
+    try:
+        return p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        bad = f"byte {e.object[e.start]:#04x} at position {e.start:,}"
+        raise ValueError(
+            f"{p} is not UTF-8 text ({bad}): convert it (e.g. iconv -f latin1 -t utf-8 {p.name} > {p.stem}.utf8.txt) "
+            "or give another file"
+        ) from None
 
 # %% ../nbs/07_data.ipynb #ec34ff1c
 def train_val_split(data, val_fraction: float = 0.1):
@@ -233,6 +253,74 @@ class TokenData:
             f"TokenData(train={len(self.train):,} tokens, val={len(self.val):,} tokens, tokenizer={self.tokenizer!r})"
         )
 
+# %% ../nbs/07_data.ipynb #37b525b9
+#| code-fold: true
+_TOKEN_CACHE = "gptbook-token-cache"  # the "format" of a cache entry's .meta.json
+
+
+def _cache_files(text_sha: str, vocab_size: int) -> dict:
+    "The three files of the cache entry for a text (by its SHA-256) and a vocabulary size."
+    stem = cache_dir() / "tokens" / f"bpe{vocab_size}-{text_sha[:16]}"
+    return {
+        key: stem.with_name(stem.name + ext)
+        for key, ext in (("tokenizer", ".json"), ("ids", ".bin"), ("meta", ".meta.json"))
+    }
+
+
+def _bpe_ids(text: str, vocab_size: int, cache: bool):
+    "Train (or load from the cache) a BPE of `vocab_size` ids on `text`, and the ids of `text` under it."
+    text_sha = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    files = _cache_files(text_sha, vocab_size)
+    if cache and (hit := _cached_entry(text, text_sha, vocab_size, files)) is not None:
+        return hit
+    tok = BPETokenizer.train(text, vocab_size)
+    ids = encode_to_array(tok, text)
+    return (tok, _write_entry(tok, ids, text_sha, vocab_size, files)) if cache else (tok, ids)
+
+
+def _write_entry(tok, ids, text_sha: str, vocab_size: int, files: dict) -> np.ndarray:
+    "Write the ids, the tokenizer, then the .meta.json that vouches for both (last: without it there is no entry)."
+    save_tokens(ids, files["ids"])
+    with atomic_write(files["tokenizer"], mode=None) as tmp:
+        tok.save(tmp)
+    meta = dict(format=_TOKEN_CACHE, version=1, text_sha256=text_sha, vocab_size=vocab_size, n_tokens=len(ids))
+    meta.update(ids_sha256=sha256_file(files["ids"]), tokenizer_sha256=sha256_file(files["tokenizer"]))
+    with atomic_write(files["meta"]) as f:
+        json.dump(meta, f, indent=1)
+    return load_tokens(files["ids"])
+
+
+def _cached_entry(text: str, text_sha: str, vocab_size: int, files: dict):
+    "The cached (tokenizer, ids) of `text` if the entry checks out; None (with a warning if it is damaged) if not."
+    if not files["meta"].is_file():
+        return None  # never cached (or cached by a gptbook without .meta.json files): build it
+    try:
+        return _checked_entry(text, text_sha, vocab_size, files)
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        warnings.warn(
+            f"the token cache entry {files['ids']} is damaged or not this text's ({e}); rebuilding it", stacklevel=5
+        )
+        return None
+
+
+def _checked_entry(text: str, text_sha: str, vocab_size: int, files: dict):
+    "The entry, if its .meta.json matches, its files have the recorded lengths and SHA-256s, its ids decode to `text`."
+    meta = json.loads(files["meta"].read_text(encoding="utf-8"))
+    expected = dict(format=_TOKEN_CACHE, version=1, text_sha256=text_sha, vocab_size=vocab_size)
+    if not isinstance(meta, dict) or any(meta.get(k) != v for k, v in expected.items()):
+        raise ValueError(f"{files['meta'].name} describes another entry")
+    if (size := files["ids"].stat().st_size) != 2 * meta["n_tokens"]:
+        raise ValueError(
+            f"the ids file has {size:,} bytes, but {meta['n_tokens']:,} tokens take {2 * meta['n_tokens']:,}"
+        )
+    for key in ("ids", "tokenizer"):
+        if sha256_file(files[key]) != meta[f"{key}_sha256"]:
+            raise ValueError(f"the {key} file's SHA-256 is not the one recorded")
+    tok, ids = BPETokenizer.load(files["tokenizer"]), load_tokens(files["ids"])
+    if tok.pattern is not None or tok.special_tokens or tok.decode(ids) != text:
+        raise ValueError("its ids do not decode to the text")
+    return tok, ids
+
 # %% ../nbs/07_data.ipynb #e7aeb467
 def _read_text(path) -> str:
     "Tiny Shakespeare when `path` is None, else the UTF-8 text file at `path` (any text, no checksum)."
@@ -243,23 +331,21 @@ def _read_text(path) -> str:
         raise FileNotFoundError(
             f"No text file at {p}; give the path of a UTF-8 text file (or none, for Tiny Shakespeare)"
         )
-    return p.read_text(encoding="utf-8")
+    return _read_utf8(p)
 
 
-def _bpe_ids(text: str, vocab_size: int, cache: bool):
-    "Train (or load from the cache) a BPE of `vocab_size` ids on `text`, and the ids of `text` under it."
-    stem = cache_dir() / "tokens" / f"bpe{vocab_size}-{hashlib.sha256(text.encode('utf-8')).hexdigest()[:16]}"
-    tok_file, ids_file = stem.with_suffix(".json"), stem.with_suffix(".bin")
-    if cache and tok_file.is_file() and ids_file.is_file():
-        return BPETokenizer.load(tok_file), load_tokens(ids_file)
-    tok = BPETokenizer.train(text, vocab_size)
-    ids = encode_to_array(tok, text)
-    if cache:
-        save_tokens(ids, ids_file)  # ids first: a tokenizer file alone is never taken as a complete cache entry
-        with atomic_write(tok_file, mode=None) as tmp:
-            tok.save(tmp)
-        ids = load_tokens(ids_file)
-    return tok, ids
+def _tokenize(tokenizer, text: str, vocab_size: int, cache: bool):
+    "(tokenizer, ids of `text`) for `tokenizer` = 'char', 'bpe' (trained here, or cached) or a tokenizer object."
+    if tokenizer == "char":
+        tok = CharTokenizer.train(text)
+        return tok, encode_to_array(tok, text)
+    if tokenizer == "bpe":
+        if not 256 <= vocab_size <= 2**16:
+            raise ValueError(f"a BPE vocab_size must be between 256 (the bytes) and 65,536 (uint16), got {vocab_size}")
+        return _bpe_ids(text, vocab_size, cache)
+    if isinstance(tokenizer, str):
+        raise ValueError(f"tokenizer must be 'char', 'bpe' or a tokenizer object, got {tokenizer!r}")
+    return tokenizer, encode_to_array(tokenizer, text)
 
 
 def load_token_data(
@@ -267,16 +353,15 @@ def load_token_data(
 ) -> TokenData:
     "The text at `path` (None: Tiny Shakespeare) as ids of `tokenizer` ('char', 'bpe' or an object), split by position."
     text = _read_text(path)
-    if tokenizer == "char":
-        tok = CharTokenizer.train(text)
-        ids = encode_to_array(tok, text)
-    elif tokenizer == "bpe":
-        if not 256 <= vocab_size <= 2**16:
-            raise ValueError(f"a BPE vocab_size must be between 256 (the bytes) and 65,536 (uint16), got {vocab_size}")
-        tok, ids = _bpe_ids(text, vocab_size, cache)
-    elif isinstance(tokenizer, str):
-        raise ValueError(f"tokenizer must be 'char', 'bpe' or a tokenizer object, got {tokenizer!r}")
-    else:
-        tok, ids = tokenizer, encode_to_array(tokenizer, text)
+    source = "Tiny Shakespeare" if path is None else Path(path).expanduser()
+    if not text:
+        raise ValueError(f"{source} is empty: there is no text to learn from; give a file with some text in it")
+    tok, ids = _tokenize(tokenizer, text, vocab_size, cache)
+    if len(ids) < 2:
+        name = tokenizer if isinstance(tokenizer, str) else type(tokenizer).__name__
+        raise ValueError(
+            f"{source} gives only {len(ids)} token(s) with the {name} tokenizer, but a training and a validation "
+            "part need at least 2 (and a batch far more): use a longer text"
+        )
     train, val = train_val_split(ids, val_fraction)
     return TokenData(train, val, tok)

@@ -7,9 +7,10 @@ __all__ = ['config_from_hf', 'load_safetensors', 'load_hf', 'clean_state_dict']
 
 # %% ../nbs/A3_interop.ipynb #cf1b71ff
 import json
-from pathlib import Path
+from pathlib import Path, PurePath
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from .model import GPTConfig
@@ -17,7 +18,10 @@ from .positions import rope_halves_to_interleaved
 
 # %% ../nbs/A3_interop.ipynb #3709123e
 def _architecture(hf: dict) -> str:
-    arch, model_type = (hf.get("architectures") or [None])[0], hf.get("model_type")
+    archs = hf.get("architectures") or [None]
+    if not isinstance(archs, list):
+        raise ValueError(f'config.json has architectures={archs!r}: it should be a list, e.g. ["LlamaForCausalLM"]')
+    arch, model_type = archs[0], hf.get("model_type")
     if arch == "GPT2LMHeadModel" or (arch is None and model_type == "gpt2"):
         return "gpt2"
     if arch == "LlamaForCausalLM" or (arch is None and model_type == "llama"):
@@ -82,9 +86,18 @@ def _llama_config(hf: dict) -> GPTConfig:
     )
 
 
-def config_from_hf(hf: dict) -> GPTConfig:
-    "The GPTConfig of a Hugging Face GPT-2 or Llama config.json (as a dict)."
-    return _gpt2_config(hf) if _architecture(hf) == "gpt2" else _llama_config(hf)
+def config_from_hf(hf: dict, source="config.json") -> GPTConfig:
+    "The GPTConfig of a Hugging Face GPT-2 or Llama config.json (as a dict); every error is one line naming `source`."
+    if not isinstance(hf, dict):
+        raise ValueError(f"{source} holds a {type(hf).__name__}, not the JSON object of a Hugging Face config")
+    try:
+        return _gpt2_config(hf) if _architecture(hf) == "gpt2" else _llama_config(hf)
+    except KeyError as e:
+        raise ValueError(f"{source} has no {e.args[0]!r}, which a {_architecture(hf)} config must have") from None
+    except (TypeError, AttributeError, ValueError) as e:  # a value of the wrong type, or one GPTConfig refuses
+        message = str(e)
+        said = message[len("config.json") :] if message.startswith("config.json") else f": {message}"
+        raise ValueError(f"{source}{said}") from None
 
 # %% ../nbs/A3_interop.ipynb #cd8bafe1
 def _transpose(w: torch.Tensor) -> torch.Tensor:
@@ -162,22 +175,71 @@ def _hf_llama_plan(c: GPTConfig) -> list:
         plan.append(("lm_head.weight", [("lm_head.weight", (c.vocab_size, d))], None))
     return plan
 
-# %% ../nbs/A3_interop.ipynb #6a595971
-def load_safetensors(path) -> dict:
-    "All tensors of a Hugging Face folder: model.safetensors, or the shards listed in model.safetensors.index.json."
-    path = Path(path)
+# %% ../nbs/A3_interop.ipynb #378853cb
+#| code-fold: true
+def _read_json(file: Path):
+    "The JSON in `file`; a file that is not UTF-8 JSON is one ValueError that names it."
+    try:
+        return json.loads(file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{file} is not a valid JSON file ({e}): download it again") from None
+
+
+def _shard_files(path: Path, index: Path) -> list[Path]:
+    "The shards `index` lists, each a relative name inside the folder `path`: never an absolute path, never `..`."
+    contents = _read_json(index)
+    weight_map = contents.get("weight_map") if isinstance(contents, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(s, str) for s in weight_map.values()):
+        raise ValueError(f'{index} has no "weight_map" from tensor names to shard files: download it again')
+    files = []
+    for shard in sorted(set(weight_map.values())):
+        name = PurePath(shard)
+        if not shard or name.is_absolute() or name.drive or ".." in name.parts:
+            raise ValueError(
+                f"{index} lists the shard {shard!r}, which is not a file inside {path}: refusing to read it"
+            )
+        files.append(path / name)
+    return files
+
+
+def _weight_files(path: Path) -> list[Path]:
+    "The safetensors files of a Hugging Face folder: model.safetensors, or the shards of model.safetensors.index.json."
     if (path / "model.safetensors").is_file():
-        return load_file(path / "model.safetensors")
+        return [path / "model.safetensors"]
     index = path / "model.safetensors.index.json"
     if index.is_file():
-        tensors = {}
-        for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
-            tensors.update(load_file(path / shard))
-        return tensors
+        return _shard_files(path, index)
     raise FileNotFoundError(
         f"{path} has neither model.safetensors nor model.safetensors.index.json; pickled "
         f"pytorch_model.bin files are not read (convert them to safetensors first)"
     )
+
+
+def _check_position_tables(config: GPTConfig, files: list, source) -> None:
+    "Refuse a config whose RoPE tables would outweigh the weights: a 1 KB config.json can ask for any context."
+    if config.positions != "rope":
+        return  # a learned table is itself a weight, checked against the files' shapes
+    table_bytes = 4 * config.max_seq_len * config.head_dim  # float32 cos and sin, each (max_seq_len, head_dim / 2)
+    weight_bytes = sum(f.stat().st_size for f in files)
+    if table_bytes > weight_bytes:
+        raise ValueError(
+            f"{source} has max_position_embeddings={config.max_seq_len:,}: its RoPE tables would take "
+            f"{table_bytes / 2**20:,.0f} MiB, more than all the weights ({weight_bytes / 2**20:,.1f} MiB); "
+            "lower max_position_embeddings to the context you need"
+        )
+
+# %% ../nbs/A3_interop.ipynb #6a595971
+def load_safetensors(path) -> dict:
+    "All tensors of a Hugging Face folder: model.safetensors, or the shards listed in model.safetensors.index.json."
+    tensors = {}
+    for file in _weight_files(Path(path)):
+        try:
+            tensors.update(load_file(file))
+        except SafetensorError as e:
+            raise ValueError(
+                f"{file} cannot be read ({e}): the file is damaged or incomplete; download it again"
+            ) from None
+    return tensors
 
 
 _SKIP = (".attn.bias", ".attn.masked_bias", "rotary_emb.inv_freq")  # buffers, not weights
@@ -221,8 +283,9 @@ def load_hf(path) -> tuple:
         raise FileNotFoundError(
             f"{path / 'config.json'} not found: pass a Hugging Face model folder (config.json + safetensors)"
         )
-    hf = json.loads((path / "config.json").read_text())
-    config = config_from_hf(hf)
+    hf = _read_json(path / "config.json")
+    config = config_from_hf(hf, source=path / "config.json")
+    _check_position_tables(config, _weight_files(path), path / "config.json")  # before anything is allocated
     tensors = load_safetensors(path)
     plan = _hf_gpt2_plan(config, tensors) if _architecture(hf) == "gpt2" else _hf_llama_plan(config)
     state_dict = _follow(plan, tensors, path)

@@ -118,6 +118,24 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     B, T, V = logits.shape
     return F.cross_entropy(logits.reshape(B * T, V).float(), targets.reshape(B * T))
 
+# %% ../nbs/06_model.ipynb #cb6e39b8
+def _check_ids(ids, vocab_size: int, name: str, ignore_index: int | None = None) -> None:
+    "Token ids must be an integer tensor with values in 0..vocab_size-1 (or `ignore_index`): one min/max, on the host."
+    if not isinstance(ids, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of token ids, got {type(ids).__name__}: use torch.tensor(...)")
+    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        raise TypeError(f"{name} must hold integer token ids (torch.long), got dtype {ids.dtype}")
+    if ids.numel() == 0 or torch.compiler.is_compiling():  # a compiled graph keeps no data-dependent branch
+        return
+    if ignore_index is not None:
+        ids = ids.masked_fill(ids == ignore_index, 0)
+    lo, hi = torch.stack(torch.aminmax(ids)).tolist()  # one read (one GPU sync), whatever the size
+    if lo < 0 or hi >= vocab_size:
+        raise ValueError(
+            f"token id {lo if lo < 0 else hi} in {name} is outside the vocabulary 0..{vocab_size - 1} "
+            f"(vocab_size={vocab_size}): encode the text with the model's own tokenizer"
+        )
+
 # %% ../nbs/06_model.ipynb #8310adf3
 #| code-fold: true
 class GPT(nn.Module):
@@ -174,8 +192,11 @@ class GPT(nn.Module):
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: list | None = None):
         "Logits (B, T, vocab_size) for token ids idx (B, T); with targets (B, T), (logits, lm_loss)."
+        _check_ids(idx, self.config.vocab_size, "idx")
         if idx.dim() != 2:
             raise ValueError(f"idx must be (B, T) token ids, got shape {tuple(idx.shape)}")
+        if targets is not None:
+            _check_ids(targets, self.config.vocab_size, "targets", ignore_index=-100)  # -100: cross_entropy's "skip"
         if cache is not None and len(cache) != len(self.blocks):
             raise ValueError(
                 f"cache has {len(cache)} layers but the model has {len(self.blocks)}: use model.make_cache(...)"

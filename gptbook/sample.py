@@ -296,7 +296,7 @@ def _check_idx(idx, vocab_size: int | None) -> None:
     if vocab_size is not None and (int(idx.min()) < 0 or int(idx.max()) >= vocab_size):
         bad = int(idx.min()) if int(idx.min()) < 0 else int(idx.max())
         raise ValueError(
-            f"token id {bad} in idx is outside the model's vocabulary 0..{vocab_size - 1}: "
+            f"token id {bad} in idx is outside the model's vocabulary 0..{vocab_size - 1} (vocab_size={vocab_size}): "
             "was the prompt encoded with the model's own tokenizer?"
         )
 
@@ -307,7 +307,52 @@ def _check_call(model, idx, config: SamplingConfig) -> None:
     _check_idx(idx, vocab_size)
     for s in config.stop or ():
         if vocab_size is not None and s >= vocab_size:
-            raise OptionError("stop", f"stop token id {s} is outside the model's vocabulary 0..{vocab_size - 1}")
+            why = f"is outside the model's vocabulary 0..{vocab_size - 1} (vocab_size={vocab_size})"
+            raise OptionError("stop", f"stop token id {s} {why}")
+
+
+def _proc_kb(path: str, key: str) -> int | None:
+    "The `key:  N kB` line of a Linux /proc file, in kB; None where there is none (other systems)."
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _free_bytes(device: torch.device) -> int | None:
+    "Memory a new tensor on `device` can still take: CUDA's free memory, else the RAM available within `ulimit -v`."
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    available = _proc_kb("/proc/meminfo", "MemAvailable")
+    free = None if available is None else available * 1024
+    try:
+        import resource  # Unix only
+
+        limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    except (ImportError, OSError, ValueError):
+        return free
+    used = _proc_kb("/proc/self/status", "VmSize")
+    if limit != resource.RLIM_INFINITY and used is not None:
+        free = min(f for f in (free, limit - used * 1024) if f is not None)
+    return free
+
+
+def _check_output_fits(idx, max_new_tokens: int) -> None:
+    "Refuse, before allocating anything, a max_new_tokens whose (B, T + max_new_tokens) output cannot fit in memory."
+    B, T = idx.shape
+    need = 3 * 8 * B * (T + max_new_tokens)  # int64 ids: the new-token buffer, the output and a working copy
+    free = _free_bytes(idx.device)
+    if free is not None and need > free:
+        raise OptionError(
+            "max_new_tokens",
+            f"max_new_tokens={max_new_tokens:,} asks generate for a ({B}, {T + max_new_tokens:,}) output: about "
+            f"{need / 2**30:,.1f} GiB with its working copies, more than the {free / 2**30:,.1f} GiB free on "
+            f"{idx.device}; ask for fewer tokens, or stream() the text (it keeps no buffer)",
+        )
 
 
 def _prompt_lengths(idx, attention_mask):
@@ -418,14 +463,18 @@ def pad_prompts(prompts, pad_id: int = 0, device=None) -> tuple[torch.Tensor, to
 
 # %% ../nbs/09_sampling.ipynb #efefb07c
 def _collect_new_tokens(steps, prompt_left, max_new_tokens: int, stop: tuple[int, ...] | None):
-    "Each row's new tokens (B, max_new_tokens) and how many it got (B,): fewer once it made a stop token."
+    "Each row's new tokens (B, up to max_new_tokens) and how many it got (B,): fewer once it made a stop token."
     B, device = prompt_left.size(0), prompt_left.device
     stop_ids = None if stop is None else torch.tensor(stop, device=device)
-    new = torch.zeros((B, max_new_tokens), dtype=torch.long, device=device)
+    new = torch.zeros((B, min(max_new_tokens, 1024)), dtype=torch.long, device=device)  # grown as tokens come
     n_new = torch.zeros(B, dtype=torch.long, device=device)  # new tokens so far, per row
     finished = torch.zeros(B, dtype=torch.bool, device=device)  # produced a stop token
     rows = torch.arange(B, device=device)
     for s, (tok, _) in enumerate(steps):
+        if (
+            s >= new.size(1) and new.size(1) < max_new_tokens
+        ):  # a row gains at most one token per step: double before it overflows
+            new = torch.cat([new, torch.zeros_like(new)], 1)[:, :max_new_tokens]
         active = (s >= prompt_left) & (n_new < max_new_tokens) & ~finished  # (B,) past its prompt, still going
         new[rows[active], n_new[active]] = tok[active]
         n_new += active.long()
@@ -488,6 +537,7 @@ def generate(
     lengths = _prompt_lengths(idx, attention_mask)  # (B,)
     if config.max_new_tokens == 0:
         return idx.clone()
+    _check_output_fits(idx, config.max_new_tokens)  # before any buffer is made
     seq, forced = _left_align(idx, lengths)  # all rows start at position 0 with the shortest prompt's length
     steps = _token_loop(model, seq, forced[0].size(1) + config.max_new_tokens, config, generator, forced)
     new, n_new = _collect_new_tokens(steps, lengths - seq.size(1), config.max_new_tokens, config.stop)

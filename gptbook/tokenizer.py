@@ -42,12 +42,18 @@ def _kind_of(contents) -> str | None:
     return "char" if "chars" in contents else "bpe" if "merges" in contents else None
 
 
+_DAMAGED = "the tokenizer file is damaged or not gptbook's; write it again with tokenizer.save(path)"
+
+
 def _read_tokenizer_file(path, kind: str | None = None) -> tuple[str, dict]:
     "The kind ('char' or 'bpe') and the contents of the tokenizer file `path`, which must be of `kind` if given."
     try:
         contents = json.loads(Path(path).read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path} is not valid JSON ({e}): the tokenizer file is damaged") from None
+        raise ValueError(f"{path} is not valid JSON ({e}): {_DAMAGED}") from None
+    except UnicodeDecodeError as e:
+        bad = f"byte {e.object[e.start]:#04x} at position {e.start}"
+        raise ValueError(f"{path} is not UTF-8 text ({bad}): {_DAMAGED}") from None
     found = _kind_of(contents)
     known = isinstance(found, str) and found in _CLASS_OF_KIND
     if known and kind in (None, found):
@@ -56,6 +62,48 @@ def _read_tokenizer_file(path, kind: str | None = None) -> tuple[str, dict]:
     expected = f'"{kind}"' if kind else '"char" or "bpe"'
     fix = f" (use {_CLASS_OF_KIND[found]}.load for it, or load_tokenizer for either)" if known else ""
     raise ValueError(f'{path} is not {what} file: its "type" is {found!r}, expected {expected}{fix}')
+
+
+def _field(path, contents: dict, key: str, types, what: str):
+    "`contents[key]` if it is one of `types`; else one line naming the file, the key and what it should hold."
+    value = contents.get(key)
+    if not isinstance(value, types):
+        raise ValueError(f'{path} has no valid "{key}" (it should be {what}, got {value!r:.60}): {_DAMAGED}')
+    return value
+
+
+def _from_file(path, build):
+    "`build()`; a TypeError or ValueError about the file's contents becomes a ValueError that names the file."
+    try:
+        return build()
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{path}: {e}") from None
+
+
+def _token_id(i, vocab_size: int, what: str) -> int:
+    "`i` as an id: a TypeError for a float, bool or string; a ValueError outside 0..vocab_size-1 ('id 9 is not what')."
+    if isinstance(i, bool) or not hasattr(type(i), "__index__"):
+        raise TypeError(f"token ids must be integers, got {i!r} ({type(i).__name__})")
+    i = operator.index(i)
+    if not 0 <= i < vocab_size:
+        raise ValueError(f"id {i} is not {what} (vocab_size is {vocab_size}, ids are 0..{vocab_size - 1})")
+    return i
+
+
+def _compile_pattern(pattern):
+    "`pattern` compiled by `regex`: a TypeError for a non-string, a ValueError (not regex.error) for a bad regex."
+    if not isinstance(pattern, str):
+        raise TypeError(f"pattern must be a regex string or None, got {type(pattern).__name__}")
+    try:
+        return regex.compile(pattern)
+    except regex.error as e:
+        raise ValueError(f"the pre-tokenization pattern {pattern!r} is not a valid regex ({e})") from None
+
+
+def _plain_ids(ids) -> tuple[list, bool]:
+    "`ids` as a list (arrays and tensors through `tolist`), and whether all are plain ints (floats hash like ints)."
+    ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
+    return ids, set(map(type, ids)) <= {int}
 
 # %% ../nbs/01_tokenizer.ipynb #09a6926b
 class CharTokenizer:
@@ -102,14 +150,11 @@ class CharTokenizer:
         )
 
     def decode(self, ids) -> str:
-        "The characters of `ids`, joined."
-        n, out = len(self.chars), []
-        for i in ids:
-            i = operator.index(i)
-            if not 0 <= i < n:
-                raise ValueError(f"id {i} is not a valid CharTokenizer id (vocab_size is {n}, ids are 0..{n - 1})")
-            out.append(self.chars[i])
-        return "".join(out)
+        "The characters of `ids`, joined; an id that is not an integer in 0..vocab_size-1 is an error that names it."
+        (ids, plain), chars = _plain_ids(ids), self.chars
+        if plain and (not ids or 0 <= min(ids) <= max(ids) < len(chars)):
+            return "".join([chars[i] for i in ids])
+        return "".join(chars[_token_id(i, len(chars), "a valid CharTokenizer id")] for i in ids)
 
     def save(self, path):
         'Write `{"type": "char", "chars": [...]}` as UTF-8 JSON, atomically (never half a file).'
@@ -120,7 +165,8 @@ class CharTokenizer:
     def load(cls, path) -> CharTokenizer:
         "Read a file written by `save`."
         _, contents = _read_tokenizer_file(path, "char")
-        return cls(contents["chars"])
+        chars = _field(path, contents, "chars", (list, str), "a list of characters")
+        return _from_file(path, lambda: cls(chars))
 
     def __repr__(self):
         return f"CharTokenizer(vocab_size={self.vocab_size})"
@@ -296,21 +342,33 @@ _GPT2_ASCII = re.compile(
 
 def pretokenize(text: str, pattern=GPT2_PATTERN) -> list[str]:
     "Split `text` into the chunks `pattern` matches. Example: \"it's 2 o'clock\" -> ['it', \"'s\", ' 2', ' o', ...]"
-    pat = regex.compile(pattern) if isinstance(pattern, str) else pattern
+    pat = pattern if isinstance(pattern, (regex.Pattern, re.Pattern)) else _compile_pattern(pattern)
     if pat.pattern == GPT2_PATTERN:  # matches every character (letter, digit, space or other): nothing to check
         return (_GPT2_ASCII if text.isascii() else pat).findall(text)
-    chunks = pat.findall(text) if pat.groups == 0 else [m.group() for m in pat.finditer(text)]
-    if sum(map(len, chunks)) != len(text):  # a pattern that skips characters would lose text silently
-        i = 0
-        for m in pat.finditer(text):
-            if m.start() != i:
-                break
-            i = m.end()
+    seconds = 1.0 + len(text) / 100_000  # ~100 times what a sane pattern needs
+    try:  # any other pattern runs under a time limit, so that one that backtracks without end cannot hang encode
+        return _split_all(text, pat, {"timeout": seconds} if isinstance(pat, regex.Pattern) else {})
+    except TimeoutError:
         raise ValueError(
-            f"the pre-tokenization pattern does not match {text[i]!r} at position {i}, so that "
-            "text would be lost; use a pattern that matches every character (GPT2_PATTERN does)"
-        )
-    return chunks
+            f"the pre-tokenization pattern {pat.pattern!r} ran over {seconds:.1f} s on {len(text):,} characters: "
+            "it backtracks without end on this text (ReDoS); use GPT2_PATTERN or a simpler pattern"
+        ) from None
+
+
+def _split_all(text: str, pat, limit: dict) -> list[str]:
+    "The chunks of `text` that `pat` matches (`limit`: regex's timeout), checked to cover every character."
+    chunks = pat.findall(text, **limit) if pat.groups == 0 else [m.group() for m in pat.finditer(text, **limit)]
+    if sum(map(len, chunks)) == len(text):
+        return chunks
+    i = 0  # a pattern that skips characters would lose text silently: name the first character it skips
+    for m in pat.finditer(text, **limit):
+        if m.start() != i:
+            break
+        i = m.end()
+    raise ValueError(
+        f"the pre-tokenization pattern does not match {text[i]!r} at position {i}, so that "
+        "text would be lost; use a pattern that matches every character (GPT2_PATTERN does)"
+    )
 
 # %% ../nbs/01_tokenizer.ipynb #b0748b7c
 _NO_MERGE = 1 << 62  # larger than any merge id
@@ -379,12 +437,19 @@ def apply_merges(data: bytes, merges: dict) -> list[int]:
 # %% ../nbs/01_tokenizer.ipynb #e4a9d3b1
 def _merge_table(merges) -> tuple[dict, dict]:
     "Checked `{pair: new_id}` and `{id: bytes}` from merges given as `{pair: new_id}` or as pairs in merge order."
-    pairs = list(merges.items()) if isinstance(merges, dict) else [(tuple(p), 256 + i) for i, p in enumerate(merges)]
+    if isinstance(merges, dict):
+        pairs = list(merges.items())
+    else:  # a merge that is not a list or tuple stays as it is, for the check below to name
+        pairs = [(tuple(p) if isinstance(p, (list, tuple)) else p, 256 + i) for i, p in enumerate(merges)]
     table, vocab = {}, {i: bytes([i]) for i in range(256)}
     for i, (pair, new_id) in enumerate(pairs):
         if new_id != 256 + i:
             raise ValueError(f"merge number {i} {pair} must create id {256 + i}, not {new_id}")
-        if len(pair) != 2 or any(not isinstance(t, int) or not 0 <= t < new_id for t in pair):
+        if (
+            not isinstance(pair, tuple)
+            or len(pair) != 2
+            or any(not isinstance(t, int) or not 0 <= t < new_id for t in pair)
+        ):
             raise ValueError(f"merge number {i} is {pair!r}: it must be a pair of existing ids (0..{new_id - 1})")
         table[pair] = new_id
         vocab[new_id] = vocab[pair[0]] + vocab[pair[1]]
@@ -395,6 +460,8 @@ def _special_ids(special_tokens, first_id: int) -> dict:
     "Checked `{text: id}`, ordered by id, from `first_id` on; a list of strings is numbered in order."
     if special_tokens is None:
         return {}
+    if isinstance(special_tokens, (str, bytes)) or not hasattr(special_tokens, "__iter__"):
+        raise TypeError(f"special_tokens must be a dict {{text: id}} or a list of strings, got {special_tokens!r:.60}")
     if not isinstance(special_tokens, dict):
         special_tokens = {s: first_id + i for i, s in enumerate(special_tokens)}
     ordered = sorted(special_tokens.items(), key=lambda item: item[1])
@@ -459,7 +526,7 @@ class BPETokenizer:
                 pass  # part of a character: never a chunk of its own
         self.vocab.update((t, s.encode("utf-8")) for s, t in self.special_tokens.items())
         self.pattern = pattern
-        self._pat = None if pattern is None else regex.compile(pattern)
+        self._pat = None if pattern is None else _compile_pattern(pattern)
         self._cache = _ChunkCache(self._tokens, self.merges)
         self.merge_counts = None  # set by `train`: how many tokens each merge saved on the training text
 
@@ -537,18 +604,14 @@ class BPETokenizer:
         "The bytes of `ids`, concatenated (may end in the middle of a UTF-8 character)."
         if isinstance(ids, (int, str, bytes)) or getattr(ids, "ndim", 1) == 0:
             raise TypeError(f"decode expects a sequence of ids, got {ids!r}; for one id use decode([id])")
-        vocab, ids = self.vocab, list(ids)
-        try:
-            return b"".join([vocab[i] for i in ids])
-        except (KeyError, TypeError):
-            pass
-        out = []  # the slow path: NumPy or torch integers, or a bad id to name
-        for i in ids:
-            i = operator.index(i)  # TypeError for floats and strings
-            if i not in vocab:
-                raise ValueError(f"id {i} is not in this tokenizer's vocabulary (ids are 0..{self.vocab_size - 1})")
-            out.append(vocab[i])
-        return b"".join(out)
+        (ids, plain), vocab = _plain_ids(ids), self.vocab
+        if plain:
+            try:
+                return b"".join([vocab[i] for i in ids])
+            except KeyError:
+                pass
+        # the slow path: NumPy or torch integers, or a bad id to name (a float, a bool, or one outside the vocabulary)
+        return b"".join(vocab[_token_id(i, len(vocab), "in this tokenizer's vocabulary")] for i in ids)
 
     def decode(self, ids, errors: str = "replace") -> str:
         "The text of `ids`; bytes that are not valid UTF-8 (a token cut inside a character) become '\ufffd'."
@@ -572,8 +635,10 @@ class BPETokenizer:
         _, contents = _read_tokenizer_file(path, "bpe")
         if contents.get("version", 1) != 1:
             raise ValueError(f"{path} has format version {contents['version']!r}; this gptbook reads version 1")
-        merges = contents["merges"]
-        tok = cls([tuple(m[:2]) for m in merges], contents.get("pattern"), contents.get("special_tokens") or {})
+        merges = _field(path, contents, "merges", list, "a list of [a, b, text] merges")
+        pairs = [m[:2] if isinstance(m, list) else m for m in merges]  # _merge_table names a bad one
+        specials = contents.get("special_tokens") or {}
+        tok = _from_file(path, lambda: cls(pairs, contents.get("pattern"), specials))
         for i, m in enumerate(merges):
             made = _token_text(tok.vocab[256 + i])
             if len(m) > 2 and m[2] != made:
