@@ -38,6 +38,7 @@ if cfg.get("pip_requirements"):
 min_python = cfg["min_python"]
 lic = licenses.get(cfg["license"].lower(), (cfg["license"], None))
 dev_requirements = (cfg.get("dev_requirements") or "").split()
+hf_requirements = (cfg.get("hf_requirements") or "").split()
 
 package_data = dict()
 pkg_data = cfg.get("package_data", None)
@@ -60,7 +61,7 @@ setuptools.setup(
     packages=setuptools.find_packages(include=[cfg["lib_name"], cfg["lib_name"] + ".*"]),
     include_package_data=True,
     install_requires=requirements,
-    extras_require={"dev": dev_requirements},
+    extras_require={"dev": dev_requirements + hf_requirements, "hf": hf_requirements},
     dependency_links=cfg.get("dep_links", "").split(),
     python_requires=">=" + cfg["min_python"],
     long_description=open("README.md", encoding="utf-8").read(),
