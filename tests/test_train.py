@@ -160,7 +160,7 @@ def test_load_token_data_bpe_is_cached(tmp_path, monkeypatch, shakespeare):
     assert isinstance(a.tokenizer, BPETokenizer) and a.vocab_size <= 300
     assert a.tokenizer.decode(list(a.train) + list(a.val)) == text
     cached = sorted(p.name for p in (tmp_path / "cache" / "gptbook" / "tokens").iterdir())
-    assert [p.rsplit(".", 1)[1] for p in cached] == ["bin", "json"]
+    assert [p.split(".", 1)[1] for p in cached] == ["bin", "json", "meta.json"]  # ids, tokenizer, their checksums
     b = load_token_data("bpe", vocab_size=300, path=f)
     assert isinstance(b.train, np.memmap) and (np.asarray(b.train) == np.asarray(a.train)).all()
 
