@@ -545,11 +545,12 @@ def _read_nanogpt(path: Path) -> dict:
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        if "weights only" not in str(e).lower():
-            raise ValueError(f"{path} cannot be read ({str(e).splitlines()[0]}): the file is damaged") from None
+        code = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(e))  # what the pickle asked to call
+        if code is None:
+            raise ValueError(f"{path} cannot be read (not a torch.save file of tensors): the file is damaged") from None
         raise ValueError(
-            f"{path} holds objects other than tensors and plain values, so it was not loaded and none of "
-            "its code ran: it is not a plain nanoGPT checkpoint (load only files you trust)"
+            f"{path} asks to call {code.group(1)} while loading, so it was not loaded and none of its code ran: "
+            "a nanoGPT checkpoint holds only tensors and plain values (load only files you trust)"
         ) from None
     except (RuntimeError, EOFError, OSError) as e:
         raise ValueError(f"{path} cannot be read ({str(e).splitlines()[0]}): the file is damaged") from None
