@@ -487,6 +487,7 @@ def _save_tokenizer(tokenizer, folder: Path, config: dict, max_len: int) -> None
 def save_hf(model, folder, tokenizer=None) -> Path:
     """Write `model` as a Hugging Face folder (config.json, model.safetensors, and the tokenizer's files when
     given) that `transformers.AutoModelForCausalLM.from_pretrained(folder)` loads; written atomically."""
+    model = getattr(model, "_orig_mod", model)  # a torch.compile wrapper: save the model inside
     config, tensors = hf_config(model.config), hf_state_dict(model)
     config["dtype"] = str(model.wte.weight.dtype).removeprefix("torch.")
     folder = Path(folder)

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import gptbook
+
 transformers = pytest.importorskip("transformers")
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM  # noqa: E402
@@ -354,7 +356,7 @@ def small_config(vocab_size=101, llama=False, **kw) -> GPTConfig:
 def test_save_hf_logits_match(tmp_path, style):
     overrides, arch = SAVE_STYLES[style]
     model = randomized(small_config(**overrides))
-    folder = save_hf(model, tmp_path / "hf")
+    folder = save_hf(torch.compile(model), tmp_path / "hf")  # a compiled model saves the model it wraps
     assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors"]
     assert_transformers_agree(model, folder, arch)
 
@@ -493,7 +495,11 @@ def test_hub_name_without_huggingface_hub(monkeypatch):
 
 def test_hub_name_offline_with_empty_cache(tmp_path):
     "HF_HUB_OFFLINE=1 and an empty HF_HOME: one line saying what to set (a fresh process: the hub reads it at import)."
-    env = os.environ | {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf_home"), "PYTHONPATH": os.getcwd()}
+    env = os.environ | {
+        "HF_HUB_OFFLINE": "1",
+        "HF_HOME": str(tmp_path / "hf_home"),
+        "PYTHONPATH": str(Path(gptbook.__file__).parents[1]),
+    }
     script = (
         "from gptbook.hf import load_hf\n"
         "try:\n    load_hf('openai-community/gpt2')\nexcept FileNotFoundError as e:\n    print(e)"
