@@ -1,17 +1,30 @@
-"""GPT.from_hf against `transformers` (a dev dependency): random tiny GPT-2 and Llama models saved with
-save_pretrained, loaded with GPT.from_hf, equal logits; and clear errors for folders that do not fit."""
+"""gptbook.hf against `transformers` (a dev dependency): random tiny GPT-2 and Llama models saved with
+save_pretrained, loaded with GPT.from_hf, equal logits; save_hf folders that transformers loads with equal logits;
+hub names through a faked snapshot_download (nothing touches the network); nanoGPT checkpoints read with
+weights_only; and clear errors for files that do not fit."""
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
+import gptbook
+
 transformers = pytest.importorskip("transformers")
+from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
-from gptbook.hf import clean_state_dict, config_from_hf, load_hf  # noqa: E402
+from gptbook.data import load_token_data  # noqa: E402
+from gptbook.hf import clean_state_dict, config_from_hf, from_nanogpt, hf_folder, load_hf, nanogpt_key  # noqa: E402
+from gptbook.hf import save_hf  # noqa: E402
 from gptbook.model import GPT, GPTConfig  # noqa: E402
+from gptbook.tokenizer import GPT2_PATTERN, BPETokenizer, CharTokenizer  # noqa: E402
+from gptbook.train import TrainConfig, train  # noqa: E402
 
 transformers.logging.set_verbosity_error()
 ATOL = 1e-5  # float32 on both sides; measured differences are ~1e-6
@@ -300,3 +313,325 @@ def test_model_does_not_import_hf():
 
     code = "import sys, gptbook.model; assert 'gptbook.hf' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# --- save_hf: our models as folders that transformers loads --------------------------------------------------------
+
+
+def randomized(config: GPTConfig, seed=0) -> GPT:
+    "A GPT with every tensor random, norm gains and biases included, so that a swapped or dropped tensor shows."
+    torch.manual_seed(seed)
+    model = GPT(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim == 1:
+                p.copy_((1.0 if name.endswith("weight") else 0.0) + 0.3 * torch.randn_like(p))
+    return model.eval()
+
+
+def assert_transformers_agree(model: GPT, folder, arch: str):
+    theirs = AutoModelForCausalLM.from_pretrained(folder).eval()
+    assert type(theirs).__name__ == arch
+    assert sum(p.numel() for p in theirs.parameters()) == model.num_params()
+    torch.manual_seed(1)
+    idx = torch.randint(0, model.config.vocab_size, (2, model.config.max_seq_len))
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(idx).logits, model(idx), rtol=0, atol=ATOL)
+
+
+SAVE_STYLES = {
+    "gpt2": (dict(), "GPT2LMHeadModel"),
+    "gpt2-untied-exact-gelu-dff": (dict(tie_weights=False, ffn="gelu", d_ff=48), "GPT2LMHeadModel"),
+    "llama-gqa-untied": (dict(llama=True, n_kv_heads=2, tie_weights=False, rope_base=5e4), "LlamaForCausalLM"),
+    "llama-tied-bias": (dict(llama=True, bias=True, tie_weights=True, norm_eps=1e-6), "LlamaForCausalLM"),
+}
+
+
+def small_config(vocab_size=101, llama=False, **kw) -> GPTConfig:
+    shape = dict(vocab_size=vocab_size, n_layers=2, n_heads=4, d_model=32, max_seq_len=16)
+    return GPTConfig.llama_style(**shape | kw) if llama else GPTConfig(**shape | kw)
+
+
+@pytest.mark.parametrize("style", SAVE_STYLES)
+def test_save_hf_logits_match(tmp_path, style):
+    overrides, arch = SAVE_STYLES[style]
+    model = randomized(small_config(**overrides))
+    folder = save_hf(torch.compile(model), tmp_path / "hf")  # a compiled model saves the model it wraps
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors"]
+    assert_transformers_agree(model, folder, arch)
+
+
+@pytest.fixture
+def chars(shakespeare):
+    return load_token_data("char")
+
+
+@pytest.mark.parametrize("llama", [False, True], ids=["gpt2", "llama"])
+def test_trained_model_to_transformers(tmp_path, chars, llama):
+    "gptbook.train.train for a few steps, then save_hf: transformers gives the trained model's logits."
+    config = small_config(chars.vocab_size, llama=llama, **(dict(n_kv_heads=2) if llama else {}))
+    cfg = TrainConfig(
+        out_dir=str(tmp_path / "run"), max_iters=4, batch_size=4, eval_interval=2, eval_iters=1, warmup_iters=1,
+        lr=3e-3, progress=False,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    trained = train(cfg, config, data=chars).model.eval()
+    assert not torch.equal(trained.wte.weight, randomized(config).wte.weight)
+    assert_transformers_agree(
+        trained, save_hf(trained, tmp_path / "hf"), "LlamaForCausalLM" if llama else "GPT2LMHeadModel"
+    )
+
+
+def test_save_hf_tokenizer(tmp_path):
+    text = "Héllo wörld, naïve café! 日本語 🙂 it's   spaced\n\ttabs " * 30
+    tok = BPETokenizer.train(text, vocab_size=300, pattern=GPT2_PATTERN, special_tokens=["<|endoftext|>"])
+    model = randomized(small_config(tok.vocab_size))
+    folder = save_hf(model, tmp_path / "hf", tokenizer=tok)
+    theirs = AutoTokenizer.from_pretrained(folder)
+    awkward = "naïve  café 🙂<|endoftext|>日本 it's\n"
+    ids = tok.encode(awkward, allowed_special="all")
+    assert theirs.encode(awkward) == ids and theirs.decode(ids) == awkward
+    assert theirs.eos_token == "<|endoftext|>" and theirs.model_max_length == 16
+    assert json.loads((folder / "config.json").read_text())["eos_token_id"] == tok.special_tokens["<|endoftext|>"]
+    assert_transformers_agree(model, folder, "GPT2LMHeadModel")
+
+
+def test_save_hf_tokenizer_errors(tmp_path):
+    model = randomized(small_config(65))
+    with pytest.raises(TypeError, match="CharTokenizer cannot be saved"):
+        save_hf(model, tmp_path / "a", tokenizer=CharTokenizer.train("abc"))
+    big = BPETokenizer.train("abcabcabd" * 20, vocab_size=266)
+    with pytest.raises(ValueError, match="more than the model's vocab_size=65"):
+        save_hf(model, tmp_path / "a", tokenizer=big)
+    assert not (tmp_path / "a").exists()
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (dict(norm_position="post"), "norm_position='post' has no Hugging Face form"),
+        (dict(positions="sinusoidal"), "positions='sinusoidal' has no Hugging Face form"),
+        (dict(positions="none"), "positions='none'"),
+        (dict(positions="rope"), "cannot express norm='layernorm': use norm='rmsnorm'"),
+        (dict(positions="rope", norm="rmsnorm"), "cannot express ffn='gelu_tanh': use ffn='swiglu'"),
+        (dict(norm="rmsnorm"), "GPT2LMHeadModel, which cannot express norm='rmsnorm'"),
+        (dict(ffn="swiglu"), "cannot express ffn='swiglu'"),
+        (dict(bias=False), "cannot express bias=False"),
+        (dict(n_kv_heads=2), "cannot express n_kv_heads=2"),
+    ],
+)
+def test_save_hf_refuses(tmp_path, overrides, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")) as e:
+        save_hf(GPT(small_config(**overrides)), tmp_path / "hf")
+    assert "\n" not in str(e.value) and not (tmp_path / "hf").exists()
+
+
+def test_save_hf_replaces_atomically(tmp_path):
+    first, second = randomized(small_config(), seed=0), randomized(small_config(), seed=1)
+    save_hf(first, tmp_path / "hf")
+    with pytest.raises(TypeError):
+        save_hf(second, tmp_path / "hf", tokenizer=object())  # fails while writing: the old folder stays whole
+    assert torch.equal(GPT.from_hf(tmp_path / "hf").wte.weight, first.wte.weight)
+    save_hf(second, tmp_path / "hf")
+    assert torch.equal(GPT.from_hf(tmp_path / "hf").wte.weight, second.wte.weight)
+    assert [p.name for p in tmp_path.iterdir()] == ["hf"]  # no temporary folder left behind
+
+
+HF_ROUND_TRIPS = {
+    "gpt2": tiny_gpt2,
+    "gpt2-untied": lambda: tiny_gpt2(tie_word_embeddings=False),
+    "llama-gqa-untied": lambda: tiny_llama(False, 2),
+    "llama-tied": lambda: tiny_llama(True, 6),
+    "llama-bias": lambda: tiny_llama(False, 3, attention_bias=True, mlp_bias=True),
+}
+
+
+@pytest.mark.parametrize("name", HF_ROUND_TRIPS)
+def test_hf_folder_round_trip_identical(tmp_path, name):
+    "transformers' save_pretrained -> load_hf (GPT.from_hf) -> save_hf: the same tensors, bit for bit, same config."
+    save(HF_ROUND_TRIPS[name](), tmp_path / "theirs")
+    again = save_hf(GPT.from_hf(tmp_path / "theirs"), tmp_path / "ours")
+    theirs, ours = load_file(tmp_path / "theirs" / "model.safetensors"), load_file(again / "model.safetensors")
+    assert sorted(ours) == sorted(theirs)
+    for key, tensor in theirs.items():
+        assert torch.equal(ours[key], tensor), key
+    original, saved = (json.loads((f / "config.json").read_text()) for f in (tmp_path / "theirs", again))
+    assert config_from_hf(saved) == config_from_hf(original)
+
+
+# --- hub names: a faked snapshot_download; nothing touches the network ---------------------------------------------
+
+
+def test_hub_name_goes_through_snapshot_download(tmp_path, monkeypatch):
+    import huggingface_hub
+
+    hf = tiny_gpt2()
+    save(hf, tmp_path / "snapshot")
+    calls = []
+
+    def fake_snapshot_download(repo_id, allow_patterns):
+        calls.append((repo_id, allow_patterns))
+        return str(tmp_path / "snapshot")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
+    assert_same_logits(hf, GPT.from_hf("someone/tiny-gpt2"), 101, 24)
+    ((repo_id, patterns),) = calls
+    assert repo_id == "someone/tiny-gpt2" and "config.json" in patterns and "*.safetensors" in patterns
+    assert not any(p.endswith((".bin", ".pt", ".pth", "*")) and p != "*.safetensors" for p in patterns), patterns
+    monkeypatch.chdir(tmp_path)  # a folder of that name here is read as a folder, and the hub is not asked
+    assert hf_folder("snapshot") == Path("snapshot") and len(calls) == 1
+    assert hf_folder(str(tmp_path / "absent")) == tmp_path / "absent"  # a path is never a repository name
+    with pytest.raises(FileNotFoundError, match="config.json not found"):
+        load_hf(tmp_path / "absent")
+    assert len(calls) == 1
+
+
+def test_hub_name_without_huggingface_hub(monkeypatch):
+    monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # as if it were not installed
+    with pytest.raises(ImportError, match=r'pip install "gptbook\[hf\]", or pass a local folder') as e:
+        load_hf("openai-community/gpt2")
+    assert "\n" not in str(e.value)
+
+
+def test_hub_name_offline_with_empty_cache(tmp_path):
+    "HF_HUB_OFFLINE=1 and an empty HF_HOME: one line saying what to set (a fresh process: the hub reads it at import)."
+    env = os.environ | {
+        "HF_HUB_OFFLINE": "1",
+        "HF_HOME": str(tmp_path / "hf_home"),
+        "PYTHONPATH": str(Path(gptbook.__file__).parents[1]),
+    }
+    script = (
+        "from gptbook.hf import load_hf\n"
+        "try:\n    load_hf('openai-community/gpt2')\nexcept FileNotFoundError as e:\n    print(e)"
+    )
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    message = result.stdout.strip()
+    assert "\n" not in message and "'openai-community/gpt2' is not a folder here" in message
+    assert "HF_HUB_OFFLINE" in message and "pass a local folder" in message
+    assert not list((tmp_path / "hf_home").rglob("*.safetensors"))
+
+
+# --- nanoGPT checkpoints -------------------------------------------------------------------------------------------
+
+from test_lab import NANOGPT_LAYER, NANOGPT_TOP  # noqa: E402  nanoGPT's own names and shapes, recorded from its model.py
+
+NANOGPT_ARGS = dict(n_layer=4, n_head=4, n_embd=128, block_size=64, bias=True, vocab_size=65, dropout=0.0)
+
+
+def nanogpt_state_dict(bias=True, seed=0) -> dict:
+    "Random tensors under nanoGPT's names and shapes (the config recorded in test_lab), the head tied to wte."
+    torch.manual_seed(seed)
+    names = NANOGPT_TOP | {f"transformer.h.{i}.{k}": s for i in range(4) for k, s in NANOGPT_LAYER.items()}
+    sd = {}
+    for name, shape in names.items():
+        if name.endswith(".bias") and not bias:
+            continue
+        gain = name.endswith("weight") and len(shape) == 1
+        sd[name] = (1.0 if gain else 0.0) + (0.3 if len(shape) == 1 else 0.05) * torch.randn(shape)
+    sd["lm_head.weight"] = sd["transformer.wte.weight"]  # nanoGPT ties them: one tensor under two names
+    return sd
+
+
+def nanogpt_forward(sd: dict, args: dict, idx: torch.Tensor) -> torch.Tensor:
+    "nanoGPT's forward pass (model.py), written out with torch.nn.functional on its own tensor names."
+    F = torch.nn.functional
+    B, T = idx.shape
+    C, nh = args["n_embd"], args["n_head"]
+    x = sd["transformer.wte.weight"][idx] + sd["transformer.wpe.weight"][:T]
+    causal = torch.tril(torch.ones(T, T, dtype=torch.bool))
+    for i in range(args["n_layer"]):
+        p = f"transformer.h.{i}."
+
+        def ln(x, name, p=p):
+            return F.layer_norm(x, (C,), sd[p + name + ".weight"], sd.get(p + name + ".bias"), 1e-5)
+
+        def linear(x, name, p=p):
+            return F.linear(x, sd[p + name + ".weight"], sd.get(p + name + ".bias"))
+
+        q, k, v = (t.view(B, T, nh, C // nh).transpose(1, 2) for t in linear(ln(x, "ln_1"), "attn.c_attn").split(C, 2))
+        att = ((q @ k.transpose(-2, -1)) / (C // nh) ** 0.5).masked_fill(~causal, float("-inf")).softmax(-1)
+        x = x + linear((att @ v).transpose(1, 2).reshape(B, T, C), "attn.c_proj")
+        x = x + linear(F.gelu(linear(ln(x, "ln_2"), "mlp.c_fc")), "mlp.c_proj")
+    x = F.layer_norm(x, (C,), sd["transformer.ln_f.weight"], sd.get("transformer.ln_f.bias"), 1e-5)
+    return F.linear(x, sd["lm_head.weight"])
+
+
+def write_nanogpt_ckpt(path, sd, args, compiled=True, masks=True):
+    "A ckpt.pt laid out as nanoGPT's train.py writes it."
+    model = dict(sd)
+    if masks:  # the causal-mask buffers of PyTorch without flash attention
+        T = sd["transformer.wpe.weight"].shape[0]
+        model |= {f"transformer.h.{i}.attn.bias": torch.tril(torch.ones(T, T)).view(1, 1, T, T) for i in range(4)}
+    if compiled:
+        model = {f"_orig_mod.{k}": v for k, v in model.items()}
+    config = {"batch_size": 12, "learning_rate": 6e-4, "dataset": "shakespeare_char", "compile": compiled}
+    optimizer = {"state": {0: {"step": torch.tensor(5.0), "exp_avg": torch.zeros(3)}}, "param_groups": [{"lr": 6e-4}]}
+    ckpt = {"model": model, "optimizer": optimizer, "model_args": args, "config": config}
+    ckpt |= {"iter_num": 5, "best_val_loss": torch.tensor(1.5)}
+    torch.save(ckpt, path)
+    return path
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("compiled", [True, False])
+def test_from_nanogpt_logits(tmp_path, bias, compiled):
+    args = NANOGPT_ARGS | {"bias": bias}
+    sd = nanogpt_state_dict(bias)
+    model = from_nanogpt(write_nanogpt_ckpt(tmp_path / "ckpt.pt", sd, args, compiled=compiled))
+    c = model.config
+    assert (c.n_layers, c.n_heads, c.d_model, c.max_seq_len, c.vocab_size) == (4, 4, 128, 64, 65)
+    assert (c.ffn, c.bias, c.tie_weights, c.positions, c.norm) == ("gelu", bias, True, "learned", "layernorm")
+    assert not model.training and model.lm_head.weight is model.wte.weight
+    idx = torch.randint(0, 65, (2, 64))
+    with torch.no_grad():
+        torch.testing.assert_close(model(idx), nanogpt_forward(sd, args, idx), rtol=0, atol=ATOL)
+
+
+def test_nanogpt_key_is_the_recorded_mapping():
+    "The mapping from_nanogpt (and chapter 11) uses gives nanoGPT's recorded names and shapes, nothing left over."
+    theirs = {nanogpt_key(k): tuple(v.shape) for k, v in GPT(GPTConfig.baby(65)).state_dict().items()}
+    assert theirs == NANOGPT_TOP | {f"transformer.h.{i}.{k}": s for i in range(4) for k, s in NANOGPT_LAYER.items()}
+
+
+class Trap:
+    "Unpickling this object would create the marker file: code run by loading a file."
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def test_from_nanogpt_runs_no_pickled_code(tmp_path):
+    marker = tmp_path / "pwned"
+    torch.save({"model": {"x": Trap(marker)}, "model_args": NANOGPT_ARGS}, tmp_path / "ckpt.pt")
+    assert not marker.exists()
+    with pytest.raises(ValueError, match="none of its code ran") as e:
+        from_nanogpt(tmp_path / "ckpt.pt")
+    assert "\n" not in str(e.value)
+    assert not marker.exists()
+
+
+def test_from_nanogpt_errors(tmp_path):
+    sd = nanogpt_state_dict()
+    with pytest.raises(FileNotFoundError, match="ckpt.pt that nanoGPT's train.py writes"):
+        from_nanogpt(tmp_path / "missing.pt")
+    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint at all")
+    with pytest.raises(ValueError, match="cannot be read .*the file is damaged"):
+        from_nanogpt(tmp_path / "junk.pt")
+    torch.save({"state_dict": {}}, tmp_path / "other.pt")
+    with pytest.raises(ValueError, match="is not a nanoGPT checkpoint: it has no 'model' and 'model_args'"):
+        from_nanogpt(tmp_path / "other.pt")
+    no_size = {k: v for k, v in NANOGPT_ARGS.items() if k != "block_size"}
+    with pytest.raises(ValueError, match="model_args has no 'block_size'"):
+        from_nanogpt(write_nanogpt_ckpt(tmp_path / "a.pt", sd, no_size))
+    with pytest.raises(
+        ValueError, match=r"'transformer.wpe.weight' has shape \(64, 128\), but model_args implies \(32"
+    ):
+        from_nanogpt(write_nanogpt_ckpt(tmp_path / "b.pt", sd, NANOGPT_ARGS | {"block_size": 32}))
+    with pytest.raises(ValueError, match="have no place in the model.*does model_args describe"):
+        from_nanogpt(
+            write_nanogpt_ckpt(tmp_path / "c.pt", sd | {"transformer.extra.weight": torch.zeros(2)}, NANOGPT_ARGS)
+        )
