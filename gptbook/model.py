@@ -245,7 +245,7 @@ class GPT(nn.Module):
 
     @classmethod
     def from_hf(cls, path, dtype: torch.dtype = torch.float32) -> "GPT":
-        "A GPT with the weights of a Hugging Face GPT-2 or Llama folder (config.json and safetensors files)."
+        "A GPT with the weights of a Hugging Face GPT-2 or Llama folder or hub name (config.json, safetensors)."
         from gptbook.hf import load_hf  # gptbook.hf imports this module, so it is imported here, when called
 
         config, state_dict = load_hf(path)
