@@ -20,7 +20,7 @@ from .checkpoint import atomic_write
 
 # %% auto #0
 __all__ = ['GPT2_PATTERN', 'CharTokenizer', 'count_pairs', 'merge_pair', 'train_bpe_naive', 'bpe_merges', 'pretokenize',
-           'apply_merges', 'BPETokenizer', 'load_tokenizer']
+           'apply_merges', 'BPETokenizer', 'load_tokenizer', 'TokenizerAdapter', 'as_tokenizer']
 
 # %% ../nbs/01_tokenizer.ipynb #b7c1e0a2
 def _check_text(text, caller: str) -> None:
@@ -834,10 +834,9 @@ def _from_hf(cls, path) -> BPETokenizer:
     model = contents["model"]
     specials = {t["content"]: t["id"] for t in contents.get("added_tokens", [])}
     vocab = {s: i for s, i in model["vocab"].items() if s not in specials}
-    try:
-        ranks = {bytes(as_byte[c] for c in s): i for s, i in vocab.items()}
-    except KeyError as e:
-        raise ValueError(f"{file}: token text {e.args[0]!r} is not in GPT-2's byte alphabet: not byte-level") from None
+    alien = next((s for s in vocab if not set(s) <= as_byte.keys()), None)
+    if alien is not None:
+        raise ValueError(f"{file}: token {alien!r} is not spelled in GPT-2's byte alphabet, so it is not byte-level")
     merges = [m.split(" ") if isinstance(m, str) else m for m in model["merges"]]
     made = {"".join(m) for m in merges} | {c for c in as_byte}
     orphans = [s for s in vocab if s not in made]
@@ -865,3 +864,94 @@ def _from_hf_merges(file, merges: list, vocab: dict, as_byte: dict) -> tuple[lis
 
 
 BPETokenizer.from_hf = classmethod(_from_hf)
+
+# %% ../nbs/01_tokenizer.ipynb #f1a2b3c6
+class TokenizerAdapter:
+    """A `tiktoken.Encoding` or a Hugging Face tokenizer behind the four things gptbook asks of a tokenizer:
+    `encode(text)` (plain text: no special tokens added), `decode(ids)`, `vocab_size`, and `token_bytes(id)`,
+    the bytes of one token (None where the tokenizer is not byte-level: then text streams by prefix diffs)."""
+
+    def __init__(self, inner, kind: str, encode, decode, vocab_size: int, token_bytes=None):
+        self.inner, self.kind, self.vocab_size = inner, kind, vocab_size
+        self._encode, self._decode, self._token_bytes = encode, decode, token_bytes
+
+    def encode(self, text: str) -> list[int]:
+        _check_text(text, "encode")
+        return list(self._encode(text))
+
+    def decode(self, ids) -> str:
+        return self._decode(_plain_ids(ids)[0])
+
+    def token_bytes(self, token_id: int) -> bytes | None:
+        "The bytes of token `token_id`, or None if this tokenizer does not spell tokens in bytes."
+        return None if self._token_bytes is None else self._token_bytes(_token_id(token_id, self.vocab_size, "an id"))
+
+    def save(self, path):
+        "Refused: gptbook's tokenizer files hold its own tokenizers; a byte-level BPE converts into one first."
+        raise TypeError(
+            f"a {self.kind} tokenizer cannot be saved as a gptbook tokenizer file; convert a byte-level BPE first "
+            "with BPETokenizer.from_tiktoken(encoding) or BPETokenizer.from_hf(folder)"
+        )
+
+    def __repr__(self):
+        return f"TokenizerAdapter({self.kind}, vocab_size={self.vocab_size})"
+
+
+def _hf_byte_speller(hf, added: dict):
+    "For a byte-level HF `tokenizers.Tokenizer`: id -> the token's bytes, through GPT-2's byte alphabet; else None."
+    decoder = json.loads(hf.to_str()).get("decoder") or {}
+    if "ByteLevel" not in {d.get("type") for d in [decoder, *decoder.get("decoders", [])]}:
+        return None
+    as_byte = {c: b for b, c in _byte_to_char().items()}
+
+    def spell(i: int) -> bytes:
+        token = hf.id_to_token(i)
+        return added[i].encode("utf-8") if i in added or token is None else bytes(as_byte[c] for c in token)
+
+    return spell
+
+
+def _adapt_hf(hf, inner, kind: str) -> TokenizerAdapter:
+    "A `tokenizers.Tokenizer` `hf` (the backend of `inner`, a transformers tokenizer or itself) behind the adapter."
+    added = {i: t.content for i, t in hf.get_added_tokens_decoder().items()}
+
+    def encode(text):
+        return hf.encode(text, add_special_tokens=False).ids
+
+    def decode(ids):
+        return hf.decode(ids, skip_special_tokens=False)
+
+    return TokenizerAdapter(inner, kind, encode, decode, hf.get_vocab_size(True), _hf_byte_speller(hf, added))
+
+
+def _adapt_transformers(tok) -> TokenizerAdapter:
+    "A transformers PreTrainedTokenizer(Fast): its Rust backend where it has one, else its own encode and decode."
+    if getattr(tok, "backend_tokenizer", None) is not None:
+        return _adapt_hf(tok.backend_tokenizer, tok, type(tok).__name__)
+
+    def encode(text):
+        return tok.encode(text, add_special_tokens=False)
+
+    def decode(ids):
+        return tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    return TokenizerAdapter(tok, type(tok).__name__, encode, decode, len(tok))
+
+
+def as_tokenizer(tokenizer):
+    "`tokenizer` as gptbook uses it: ours as they are; a tiktoken.Encoding or an HF tokenizer in a TokenizerAdapter."
+    if isinstance(tokenizer, (CharTokenizer, BPETokenizer, TokenizerAdapter)):
+        return tokenizer
+    if hasattr(tokenizer, "decode_single_token_bytes") and hasattr(tokenizer, "encode_ordinary"):  # tiktoken
+        enc = tokenizer
+        return TokenizerAdapter(
+            enc, "tiktoken", enc.encode_ordinary, enc.decode, enc.n_vocab, enc.decode_single_token_bytes
+        )
+    if type(tokenizer).__module__.startswith("tokenizers") and hasattr(tokenizer, "get_vocab_size"):
+        return _adapt_hf(tokenizer, tokenizer, "tokenizers.Tokenizer")
+    if hasattr(tokenizer, "convert_ids_to_tokens") and hasattr(tokenizer, "decode"):  # transformers
+        return _adapt_transformers(tokenizer)
+    raise TypeError(
+        f"{type(tokenizer).__name__} is not a tokenizer gptbook knows: give a CharTokenizer, a BPETokenizer, "
+        "a tiktoken.Encoding, a tokenizers.Tokenizer or a transformers tokenizer"
+    )
