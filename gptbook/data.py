@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from .checkpoint import atomic_write
-from .tokenizer import BPETokenizer, CharTokenizer
+from .tokenizer import BPETokenizer, CharTokenizer, as_tokenizer
 
 # %% auto #0
 __all__ = ['TINY_SHAKESPEARE_URL', 'TINY_SHAKESPEARE_SHA256', 'TINY_SHAKESPEARE_FILENAME', 'cache_dir', 'sha256_file',
@@ -336,6 +336,7 @@ def _read_text(path) -> str:
 
 def _tokenize(tokenizer, text: str, vocab_size: int, cache: bool):
     "(tokenizer, ids of `text`) for `tokenizer` = 'char', 'bpe' (trained here, or cached) or a tokenizer object."
+    # an object: ours, a tiktoken.Encoding or a Hugging Face tokenizer (through as_tokenizer)
     if tokenizer == "char":
         tok = CharTokenizer.train(text)
         return tok, encode_to_array(tok, text)
@@ -345,6 +346,7 @@ def _tokenize(tokenizer, text: str, vocab_size: int, cache: bool):
         return _bpe_ids(text, vocab_size, cache)
     if isinstance(tokenizer, str):
         raise ValueError(f"tokenizer must be 'char', 'bpe' or a tokenizer object, got {tokenizer!r}")
+    tokenizer = as_tokenizer(tokenizer)
     return tokenizer, encode_to_array(tokenizer, text)
 
 

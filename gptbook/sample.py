@@ -17,7 +17,7 @@ from .options import OptionError, Options, check_value, field_types, option, spl
 # %% auto #0
 __all__ = ['SamplingConfig', 'apply_temperature', 'top_k_filter', 'top_p_filter', 'min_p_filter', 'filter_logits',
            'sample_next_token', 'apply_repetition_penalty', 'generate_steps', 'pad_prompts', 'generate', 'token_bytes',
-           'stream']
+           'TextDecoder', 'stream']
 
 # %% ../nbs/09_sampling.ipynb #d4129d96
 @dataclasses.dataclass
@@ -385,6 +385,7 @@ def _encode_prompt(model, tokenizer, prompt: str) -> torch.Tensor:
     if not prompt:
         raise ValueError("empty prompt: give at least one character to continue (e.g. a newline)")
     ids = tokenizer.encode(prompt)  # a CharTokenizer names any character it does not know
+    ids = getattr(ids, "ids", ids)  # a Hugging Face tokenizers.Tokenizer returns an Encoding
     p = next(iter(model.parameters()), None)
     return torch.tensor([ids], dtype=torch.long, device=p.device if p is not None else "cpu")  # (1, T)
 
@@ -544,11 +545,54 @@ def generate(
     return torch.cat([idx, _fill_after_stop(new, n_new)], dim=1)  # (B, T + longest row)
 
 # %% ../nbs/09_sampling.ipynb #fd59a146
-def token_bytes(tokenizer, token_id: int) -> bytes:
-    "The bytes of one token: `tokenizer.vocab[token_id]` if that is bytes, else the token's decoded text in UTF-8."
+def token_bytes(tokenizer, token_id: int) -> bytes | None:
+    """The bytes of one token where the tokenizer has them: its `token_bytes(id)` (gptbook's adapter), its
+    `vocab[id]` if that is bytes (BPETokenizer), tiktoken's `decode_single_token_bytes`; else None (text only)."""
+    if callable(getattr(tokenizer, "token_bytes", None)):
+        return tokenizer.token_bytes(token_id)
     vocab = getattr(tokenizer, "vocab", None)
     b = vocab.get(token_id) if isinstance(vocab, dict) else None
-    return b if isinstance(b, bytes) else tokenizer.decode([token_id]).encode("utf-8")
+    if isinstance(b, bytes):
+        return b
+    if callable(getattr(tokenizer, "decode_single_token_bytes", None)):  # a tiktoken.Encoding
+        return tokenizer.decode_single_token_bytes(token_id)
+    return None
+
+
+class TextDecoder:
+    """Token ids in, new text out, never half a character. With the bytes of each token: the standard library's
+    incremental UTF-8 decoder. Without (a tokenizer that gives only text): the prefix-diff method, which decodes a
+    short window of ids and yields what the newest ids add to the window's first part, once that ends in a whole
+    character (not U+FFFD)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.by_bytes = tokenizer, None  # by_bytes: decided at the first token
+        self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.ids, self.start, self.read = [], 0, 0  # the window is ids[start:]; ids[start:read] was yielded
+
+    def add(self, token_id: int) -> str:
+        "The text that token `token_id` completes (often all of it; '' while a character is unfinished)."
+        b = token_bytes(self.tokenizer, token_id) if self.by_bytes is not False else None
+        if self.by_bytes is None:
+            self.by_bytes = b is not None
+        if self.by_bytes:
+            return self.utf8.decode(b)
+        self.ids.append(token_id)
+        return self._diff(final=False)
+
+    def _diff(self, final: bool) -> str:
+        before = self.tokenizer.decode(self.ids[self.start : self.read])
+        text = self.tokenizer.decode(self.ids[self.start :])
+        if len(text) <= len(before) or (text.endswith("\ufffd") and not final):
+            return ""  # nothing new yet, or a character still unfinished
+        self.start, self.read = self.read, len(self.ids)
+        return text[len(before) :]
+
+    def flush(self) -> str:
+        "The rest at the end: an unfinished last character as U+FFFD."
+        if self.by_bytes:
+            return self.utf8.decode(b"", final=True)
+        return self._diff(final=True) if self.read < len(self.ids) else ""
 
 
 def _cut_at_stop(text: str, stop_strings: tuple[str, ...]) -> tuple[str, bool]:
@@ -563,13 +607,13 @@ def _held_back(text: str, stop_strings: tuple[str, ...]) -> int:
 
 # %% ../nbs/09_sampling.ipynb #73159662
 def _stream_text(steps, tokenizer, stop_ids: set[int], stop_strings: tuple[str, ...]) -> Iterator[str]:
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    decoder = TextDecoder(tokenizer)
     pending, stopped = "", False  # pending: decoded but not yet yielded, as it could begin a stop string
     for tok, _ in steps:
         t = int(tok[0])
         if t in stop_ids:
             break
-        pending, stopped = _cut_at_stop(pending + decoder.decode(token_bytes(tokenizer, t)), stop_strings)
+        pending, stopped = _cut_at_stop(pending + decoder.add(t), stop_strings)
         if stopped:
             break
         ready = len(pending) - _held_back(pending, stop_strings)
@@ -577,7 +621,7 @@ def _stream_text(steps, tokenizer, stop_ids: set[int], stop_strings: tuple[str, 
             yield pending[:ready]
             pending = pending[ready:]
     if not stopped:  # the bytes of an unfinished last character become U+FFFD
-        pending, _ = _cut_at_stop(pending + decoder.decode(b"", final=True), stop_strings)
+        pending, _ = _cut_at_stop(pending + decoder.flush(), stop_strings)
     if pending:
         yield pending
 

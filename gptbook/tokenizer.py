@@ -20,7 +20,7 @@ from .checkpoint import atomic_write
 
 # %% auto #0
 __all__ = ['GPT2_PATTERN', 'CharTokenizer', 'count_pairs', 'merge_pair', 'train_bpe_naive', 'bpe_merges', 'pretokenize',
-           'apply_merges', 'BPETokenizer', 'load_tokenizer']
+           'apply_merges', 'BPETokenizer', 'load_tokenizer', 'TokenizerAdapter', 'as_tokenizer']
 
 # %% ../nbs/01_tokenizer.ipynb #b7c1e0a2
 def _check_text(text, caller: str) -> None:
@@ -456,8 +456,8 @@ def _merge_table(merges) -> tuple[dict, dict]:
     return table, vocab
 
 
-def _special_ids(special_tokens, first_id: int) -> dict:
-    "Checked `{text: id}`, ordered by id, from `first_id` on; a list of strings is numbered in order."
+def _special_ids(special_tokens, first_id: int, taken=None) -> dict:
+    "Checked `{text: id}`, ordered by id, from `first_id` on (or, given `taken` ids, any other id); a list is numbered."
     if special_tokens is None:
         return {}
     if isinstance(special_tokens, (str, bytes)) or not hasattr(special_tokens, "__iter__"):
@@ -468,9 +468,18 @@ def _special_ids(special_tokens, first_id: int) -> dict:
     for i, (s, t) in enumerate(ordered):
         if not isinstance(s, str) or not s:
             raise ValueError(f"special tokens must be non-empty strings, got {s!r}")
-        if t != first_id + i:
+        if taken is not None:
+            if isinstance(t, bool) or not isinstance(t, int) or t < 0 or t in taken:
+                raise ValueError(
+                    f"special token {s!r} has id {t!r}, which is not a free id (a token or special has it)"
+                )
+            taken = taken | {t}
+        elif t != first_id + i:
             raise ValueError(f"special token {s!r} must have id {first_id + i} (right after the merges), not {t}")
     return dict(ordered)
+
+
+_ONE_CHUNK = r"[\s\S]+"  # the tiktoken pattern of no pre-tokenization: all the text is one chunk
 
 
 def _token_text(b: bytes) -> str:
@@ -501,13 +510,26 @@ def _byte_to_char() -> dict:
 class _ChunkCache(dict):
     "Chunk -> its ids, each chunk encoded once, on first use; it starts with the tokens, as each encodes to itself."
 
-    def __init__(self, tokens: dict, merges: dict):
+    def __init__(self, tokens: dict, merges: dict, ids: list | None = None):
         super().__init__(tokens)
-        self.merges = merges
+        self.merges, self.ids = merges, ids
 
     def __missing__(self, chunk: str) -> list[int]:
-        ids = self[chunk] = apply_merges(chunk.encode("utf-8"), self.merges)
+        ids = apply_merges(chunk.encode("utf-8"), self.merges)
+        ids = self[chunk] = ids if self.ids is None else [self.ids[i] for i in ids]
         return ids
+
+
+def _renumber(ids, n_tokens: int) -> list | None:
+    "Checked `ids` (`ids[k]`: the id of byte k, then of merge k - 256), or None for the book's own numbering."
+    if ids is None or list(ids) == list(range(n_tokens)):
+        return None
+    ids = list(ids)
+    if len(ids) != n_tokens:
+        raise ValueError(f"ids must give one id per byte and merge ({n_tokens}), got {len(ids)}")
+    if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in ids) or len(set(ids)) != len(ids):
+        raise ValueError("ids must be distinct non-negative integers, one per byte and merge")
+    return ids
 
 # %% ../nbs/01_tokenizer.ipynb #c96da400
 class BPETokenizer:
@@ -515,19 +537,23 @@ class BPETokenizer:
 
     cache_limit = 500_000  # distinct chunks kept: a huge corpus must not exhaust memory
 
-    def __init__(self, merges, pattern: str | None = None, special_tokens=None):
-        self.merges, self.vocab = _merge_table(merges)
-        self.special_tokens = _special_ids(special_tokens, first_id=len(self.vocab))
+    def __init__(self, merges, pattern: str | None = None, special_tokens=None, ids=None):
+        "`ids`: another tokenizer's numbering (`ids[k]` for byte k, then merge k - 256); None: bytes 0..255, merges on."
+        self.merges, self._bytes = _merge_table(merges)  # merges in the book's numbering: ranks, in merge order
+        self.ids = _renumber(ids, len(self._bytes))
+        self.vocab = self._bytes if self.ids is None else {self.ids[k]: b for k, b in self._bytes.items()}
+        taken = None if self.ids is None else set(self.ids)
+        self.special_tokens = _special_ids(special_tokens, first_id=len(self.vocab), taken=taken)
         self._tokens = {}  # the text of each token that is whole UTF-8 -> [its id]
         for i, b in self.vocab.items():
             try:
                 self._tokens[b.decode("utf-8")] = [i]
             except UnicodeDecodeError:
                 pass  # part of a character: never a chunk of its own
-        self.vocab.update((t, s.encode("utf-8")) for s, t in self.special_tokens.items())
+        self.vocab = {**self.vocab, **{t: s.encode("utf-8") for s, t in self.special_tokens.items()}}
         self.pattern = pattern
         self._pat = None if pattern is None else _compile_pattern(pattern)
-        self._cache = _ChunkCache(self._tokens, self.merges)
+        self._cache = _ChunkCache(self._tokens, self.merges, self.ids)
         self.merge_counts = None  # set by `train`: how many tokens each merge saved on the training text
 
     @classmethod
@@ -559,16 +585,17 @@ class BPETokenizer:
 
     @property
     def vocab_size(self) -> int:
-        return len(self.vocab)
+        return max(self.vocab) + 1  # len(vocab) but for another tokenizer's numbering with gaps
 
     def encode_ordinary(self, text: str) -> list[int]:
         "Ids of `text`; special-token strings are treated as plain text."
         _check_text(text, "encode")
         try:
             if self._pat is None:
-                return apply_merges(text.encode("utf-8"), self.merges)
+                ids = apply_merges(text.encode("utf-8"), self.merges)
+                return ids if self.ids is None else [self.ids[i] for i in ids]
             if len(self._cache) > self.cache_limit:
-                self._cache = _ChunkCache(self._tokens, self.merges)
+                self._cache = _ChunkCache(self._tokens, self.merges, self.ids)
             return list(chain.from_iterable(map(self._cache.__getitem__, pretokenize(text, self._pat))))
         except UnicodeEncodeError:
             raise ValueError(_surrogate_message(text)) from None
@@ -611,7 +638,14 @@ class BPETokenizer:
             except KeyError:
                 pass
         # the slow path: NumPy or torch integers, or a bad id to name (a float, a bool, or one outside the vocabulary)
-        return b"".join(vocab[_token_id(i, len(vocab), "in this tokenizer's vocabulary")] for i in ids)
+        return b"".join(vocab[self._known(i)] for i in ids)
+
+    def _known(self, i) -> int:
+        "`i` if it is an id of this tokenizer, else an error naming it."
+        i = _token_id(i, self.vocab_size, "in this tokenizer's vocabulary")
+        if i not in self.vocab:
+            raise ValueError(f"id {i} is not in this tokenizer's vocabulary (a gap in its numbering)")
+        return i
 
     def decode(self, ids, errors: str = "replace") -> str:
         "The text of `ids`; bytes that are not valid UTF-8 (a token cut inside a character) become '\ufffd'."
@@ -620,12 +654,14 @@ class BPETokenizer:
     def save(self, path):
         "Write JSON with one merge per line, `[a, b, text]`; atomically (never half a file)."
         head = {"type": "bpe", "version": 1, "pattern": self.pattern, "special_tokens": self.special_tokens}
+        if self.ids is not None:
+            head["ids"] = self.ids
         with atomic_write(path) as f:
             f.write("{\n")
             for key, value in head.items():
                 f.write(f" {json.dumps(key)}: {json.dumps(value, ensure_ascii=False)},\n")
             merges = [
-                json.dumps([a, b, _token_text(self.vocab[i])], ensure_ascii=False) for (a, b), i in self.merges.items()
+                json.dumps([a, b, _token_text(self._bytes[i])], ensure_ascii=False) for (a, b), i in self.merges.items()
             ]
             f.write(' "merges": [\n' + ",\n".join("  " + m for m in merges) + "\n ]\n}\n")
 
@@ -638,9 +674,9 @@ class BPETokenizer:
         merges = _field(path, contents, "merges", list, "a list of [a, b, text] merges")
         pairs = [m[:2] if isinstance(m, list) else m for m in merges]  # _merge_table names a bad one
         specials = contents.get("special_tokens") or {}
-        tok = _from_file(path, lambda: cls(pairs, contents.get("pattern"), specials))
+        tok = _from_file(path, lambda: cls(pairs, contents.get("pattern"), specials, contents.get("ids")))
         for i, m in enumerate(merges):
-            made = _token_text(tok.vocab[256 + i])
+            made = _token_text(tok._bytes[256 + i])
             if len(m) > 2 and m[2] != made:
                 raise ValueError(
                     f"{path}: merge {i} {m!r} says {m[2]!r}, but ids {m[0]} and {m[1]} make {made!r}; "
@@ -651,8 +687,8 @@ class BPETokenizer:
     def _mergeable_ranks(self) -> dict:
         "Token bytes -> id, special tokens left out: what tiktoken and HF need, so every token's bytes must differ."
         ranks = {}
-        for i in range(256 + len(self.merges)):
-            b = self.vocab[i]
+        for k, b in self._bytes.items():
+            i = k if self.ids is None else self.ids[k]
             if b in ranks:
                 raise ValueError(
                     f"ids {ranks[b]} and {i} have the same bytes {b!r}; tiktoken and HF tokenizers need "
@@ -665,7 +701,7 @@ class BPETokenizer:
         "A `tiktoken.Encoding` that gives the same ids (tiktoken is imported here, only when asked for)."
         import tiktoken
 
-        pattern = self.pattern if self.pattern is not None else r"[\s\S]+"  # no pre-tokenization: one chunk
+        pattern = self.pattern if self.pattern is not None else _ONE_CHUNK
         ranks, specials = self._mergeable_ranks(), dict(self.special_tokens)
         return tiktoken.Encoding(name, pat_str=pattern, mergeable_ranks=ranks, special_tokens=specials)
 
@@ -675,7 +711,7 @@ class BPETokenizer:
 
         as_char = _byte_to_char()
         vocab = {b.decode("latin-1").translate(as_char): i for b, i in self._mergeable_ranks().items()}
-        spell = {i: self.vocab[i].decode("latin-1").translate(as_char) for i in range(256 + len(self.merges))}
+        spell = {k: b.decode("latin-1").translate(as_char) for k, b in self._bytes.items()}
         for s, i in self.special_tokens.items():
             if s in vocab:
                 raise ValueError(f"special token {s!r} is spelled like token {vocab[s]} in byte-level form; rename it")
@@ -698,3 +734,224 @@ def load_tokenizer(path) -> CharTokenizer | BPETokenizer:
     'The tokenizer saved at `path`, of the class its "type" names ("char" or "bpe"; older files: by their keys).'
     kind, _ = _read_tokenizer_file(path)
     return CharTokenizer.load(path) if kind == "char" else BPETokenizer.load(path)
+
+# %% ../nbs/01_tokenizer.ipynb #f1a2b3c4
+def _split_token(ranks: dict, token: bytes) -> tuple[bytes, bytes]:
+    "The two tokens whose merge made `token`: replay tiktoken's merging on its bytes with only lower-ranked tokens."
+    rank, parts = ranks[token], [bytes([b]) for b in token]
+    while len(parts) > 2:
+        pair_ranks = [ranks.get(a + b, rank) for a, b in zip(parts, parts[1:])]
+        best = min(pair_ranks)
+        if best >= rank:
+            break  # no lower-ranked token joins two parts: this token was not made by a merge
+        i = pair_ranks.index(best)
+        parts[i : i + 2] = [parts[i] + parts[i + 1]]
+    if len(parts) != 2:
+        raise ValueError(f"token {token!r} (rank {rank}) is not the merge of two lower-ranked tokens")
+    return parts[0], parts[1]
+
+
+def _from_ranks(ranks: dict) -> tuple[list, list]:
+    "Merges (pairs in the book's numbering) and `ids` (the source's id of each byte and merge) from {bytes: id}."
+    missing = [b for b in range(256) if bytes([b]) not in ranks]
+    if missing:
+        raise ValueError(
+            f"the vocabulary lacks {len(missing)} of the 256 bytes (e.g. {missing[0]:#04x}): not byte-level"
+        )
+    canon = {bytes([b]): b for b in range(256)}  # token bytes -> id in the book's numbering
+    ids, pairs = [ranks[bytes([b])] for b in range(256)], []
+    for token in sorted((t for t in ranks if len(t) > 1), key=ranks.__getitem__):
+        a, b = _split_token(ranks, token)
+        pairs.append((canon[a], canon[b]))
+        canon[token] = 255 + len(pairs)
+        ids.append(ranks[token])
+    return pairs, ids
+
+
+def _from_tiktoken(cls, encoding) -> BPETokenizer:
+    "A BPETokenizer with the same ids as the `tiktoken.Encoding` `encoding`: its ranks, pattern and special tokens."
+    ranks = getattr(encoding, "_mergeable_ranks", None)
+    if not isinstance(ranks, dict):
+        raise TypeError(f"from_tiktoken expects a tiktoken.Encoding, got {type(encoding).__name__}")
+    pairs, ids = _from_ranks(ranks)
+    pattern = None if encoding._pat_str == _ONE_CHUNK else encoding._pat_str
+    return cls(pairs, pattern, dict(encoding._special_tokens), ids)
+
+
+BPETokenizer.from_tiktoken = classmethod(_from_tiktoken)
+
+# %% ../nbs/01_tokenizer.ipynb #f1a2b3c5
+_HF_BYTE_LEVEL_REGEX = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+
+def _hf_json(path) -> tuple[Path, dict]:
+    "The path and contents of `path`, a tokenizer.json or a folder that holds one."
+    path = Path(path)
+    file = path / "tokenizer.json" if path.is_dir() else path
+    if not file.is_file():
+        raise FileNotFoundError(f"{file} does not exist: from_hf wants a tokenizer.json or a folder with one")
+    try:
+        return file, json.loads(file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{file} is not a JSON tokenizer file ({e})") from None
+
+
+def _hf_steps(step) -> list:
+    "A pre-tokenizer (or decoder) as a list of its steps (a Sequence's parts)."
+    if not step:
+        return []
+    return step.get("pretokenizers", []) if step.get("type") == "Sequence" else [step]
+
+
+def _hf_pattern(file, contents: dict) -> str | None:
+    "The pre-tokenization regex of a byte-level BPE tokenizer.json; a ValueError if it is not GPT-2-style."
+    model = contents.get("model") or {}
+    kind = model.get("type")
+    steps = _hf_steps(contents.get("pre_tokenizer"))
+    byte_level = [s for s in steps if s.get("type") == "ByteLevel"]
+    if kind != "BPE" or not byte_level:
+        what = f"a {kind} tokenizer" if kind != "BPE" else "a BPE tokenizer that is not byte-level"
+        raise ValueError(f"{file} is {what}: from_hf reads only GPT-2-style byte-level BPE (a ByteLevel pre-tokenizer)")
+    if contents.get("normalizer") or byte_level[0].get("add_prefix_space") or model.get("continuing_subword_prefix"):
+        raise ValueError(f"{file} has a normalizer, a prefix space or a subword prefix, which from_hf does not support")
+    splits = [s for s in steps if s.get("type") == "Split"]
+    if byte_level[0].get("use_regex", True) and not splits:
+        return GPT2_PATTERN  # ByteLevel's own regex is GPT-2's
+    if not splits and len(steps) == 1:
+        return None  # no pre-tokenization: the text is one chunk
+    isolated = len(splits) == 1 and splits[0].get("behavior") == "Isolated" and not splits[0].get("invert")
+    if isolated and len(steps) == 2 and not byte_level[0].get("use_regex", True):
+        pattern = splits[0]["pattern"].get("Regex")
+        return GPT2_PATTERN if pattern == _HF_BYTE_LEVEL_REGEX else pattern
+    raise ValueError(f"{file} splits text in a way from_hf does not support ({[s.get('type') for s in steps]})")
+
+
+def _from_hf(cls, path) -> BPETokenizer:
+    "A BPETokenizer with the same ids as the Hugging Face byte-level BPE `tokenizer.json` at `path` (or its folder)."
+    file, contents = _hf_json(path)
+    pattern = _hf_pattern(file, contents)
+    as_byte = {c: b for b, c in _byte_to_char().items()}
+    model = contents["model"]
+    specials = {t["content"]: t["id"] for t in contents.get("added_tokens", [])}
+    vocab = {s: i for s, i in model["vocab"].items() if s not in specials}
+    alien = next((s for s in vocab if not set(s) <= as_byte.keys()), None)
+    if alien is not None:
+        raise ValueError(f"{file}: token {alien!r} is not spelled in GPT-2's byte alphabet, so it is not byte-level")
+    merges = [m.split(" ") if isinstance(m, str) else m for m in model["merges"]]
+    made = {"".join(m) for m in merges} | {c for c in as_byte}
+    orphans = [s for s in vocab if s not in made]
+    if orphans:
+        raise ValueError(f"{file}: {len(orphans)} token(s), e.g. {orphans[0]!r}, are not made by any merge")
+    pairs, ids = _from_hf_merges(file, merges, vocab, as_byte)
+    return _from_file(file, lambda: cls(pairs, pattern, specials, ids))
+
+
+def _from_hf_merges(file, merges: list, vocab: dict, as_byte: dict) -> tuple[list, list]:
+    "Merges in the book's numbering and the tokenizer.json's id of each byte and merge."
+    canon = dict(as_byte)  # token text -> id in the book's numbering
+    missing = [c for c in as_byte if c not in vocab]
+    if missing:
+        raise ValueError(f"{file}: the vocabulary lacks {len(missing)} of the 256 byte tokens (e.g. {missing[0]!r})")
+    ids = [vocab[c] for c in sorted(as_byte, key=as_byte.get)]
+    pairs = []
+    for a, b in merges:
+        if a not in canon or b not in canon or a + b not in vocab:
+            raise ValueError(f"{file}: merge {a!r} {b!r} uses a token made by no earlier merge")
+        pairs.append((canon[a], canon[b]))
+        canon[a + b] = 255 + len(pairs)
+        ids.append(vocab[a + b])
+    return pairs, ids
+
+
+BPETokenizer.from_hf = classmethod(_from_hf)
+
+# %% ../nbs/01_tokenizer.ipynb #f1a2b3c6
+class TokenizerAdapter:
+    """A `tiktoken.Encoding` or a Hugging Face tokenizer behind the four things gptbook asks of a tokenizer:
+    `encode(text)` (plain text: no special tokens added), `decode(ids)`, `vocab_size`, and `token_bytes(id)`,
+    the bytes of one token (None where the tokenizer is not byte-level: then text streams by prefix diffs)."""
+
+    def __init__(self, inner, kind: str, encode, decode, vocab_size: int, token_bytes=None):
+        self.inner, self.kind, self.vocab_size = inner, kind, vocab_size
+        self._encode, self._decode, self._token_bytes = encode, decode, token_bytes
+
+    def encode(self, text: str) -> list[int]:
+        _check_text(text, "encode")
+        return list(self._encode(text))
+
+    def decode(self, ids) -> str:
+        return self._decode(_plain_ids(ids)[0])
+
+    def token_bytes(self, token_id: int) -> bytes | None:
+        "The bytes of token `token_id`, or None if this tokenizer does not spell tokens in bytes."
+        return None if self._token_bytes is None else self._token_bytes(_token_id(token_id, self.vocab_size, "an id"))
+
+    def save(self, path):
+        "Refused: gptbook's tokenizer files hold its own tokenizers; a byte-level BPE converts into one first."
+        raise TypeError(
+            f"a {self.kind} tokenizer cannot be saved as a gptbook tokenizer file; convert a byte-level BPE first "
+            "with BPETokenizer.from_tiktoken(encoding) or BPETokenizer.from_hf(folder)"
+        )
+
+    def __repr__(self):
+        return f"TokenizerAdapter({self.kind}, vocab_size={self.vocab_size})"
+
+
+def _hf_byte_speller(hf, added: dict):
+    "For a byte-level HF `tokenizers.Tokenizer`: id -> the token's bytes, through GPT-2's byte alphabet; else None."
+    decoder = json.loads(hf.to_str()).get("decoder") or {}
+    if "ByteLevel" not in {d.get("type") for d in [decoder, *decoder.get("decoders", [])]}:
+        return None
+    as_byte = {c: b for b, c in _byte_to_char().items()}
+
+    def spell(i: int) -> bytes:
+        token = hf.id_to_token(i)
+        return added[i].encode("utf-8") if i in added or token is None else bytes(as_byte[c] for c in token)
+
+    return spell
+
+
+def _adapt_hf(hf, inner, kind: str) -> TokenizerAdapter:
+    "A `tokenizers.Tokenizer` `hf` (the backend of `inner`, a transformers tokenizer or itself) behind the adapter."
+    added = {i: t.content for i, t in hf.get_added_tokens_decoder().items()}
+
+    def encode(text):
+        return hf.encode(text, add_special_tokens=False).ids
+
+    def decode(ids):
+        return hf.decode(ids, skip_special_tokens=False)
+
+    return TokenizerAdapter(inner, kind, encode, decode, hf.get_vocab_size(True), _hf_byte_speller(hf, added))
+
+
+def _adapt_transformers(tok) -> TokenizerAdapter:
+    "A transformers PreTrainedTokenizer(Fast): its Rust backend where it has one, else its own encode and decode."
+    if getattr(tok, "backend_tokenizer", None) is not None:
+        return _adapt_hf(tok.backend_tokenizer, tok, type(tok).__name__)
+
+    def encode(text):
+        return tok.encode(text, add_special_tokens=False)
+
+    def decode(ids):
+        return tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    return TokenizerAdapter(tok, type(tok).__name__, encode, decode, len(tok))
+
+
+def as_tokenizer(tokenizer):
+    "`tokenizer` as gptbook uses it: ours as they are; a tiktoken.Encoding or an HF tokenizer in a TokenizerAdapter."
+    if isinstance(tokenizer, (CharTokenizer, BPETokenizer, TokenizerAdapter)):
+        return tokenizer
+    if hasattr(tokenizer, "decode_single_token_bytes") and hasattr(tokenizer, "encode_ordinary"):  # tiktoken
+        enc = tokenizer
+        return TokenizerAdapter(
+            enc, "tiktoken", enc.encode_ordinary, enc.decode, enc.n_vocab, enc.decode_single_token_bytes
+        )
+    if type(tokenizer).__module__.startswith("tokenizers") and hasattr(tokenizer, "get_vocab_size"):
+        return _adapt_hf(tokenizer, tokenizer, "tokenizers.Tokenizer")
+    if hasattr(tokenizer, "convert_ids_to_tokens") and hasattr(tokenizer, "decode"):  # transformers
+        return _adapt_transformers(tokenizer)
+    raise TypeError(
+        f"{type(tokenizer).__name__} is not a tokenizer gptbook knows: give a CharTokenizer, a BPETokenizer, "
+        "a tiktoken.Encoding, a tokenizers.Tokenizer or a transformers tokenizer"
+    )

@@ -200,3 +200,30 @@ def test_char_tokenizer_is_reexported():
     from gptbook.tokenizer import CharTokenizer
 
     assert data.CharTokenizer is CharTokenizer
+
+
+def test_load_token_data_with_tiktoken_and_hf_tokenizers(tmp_path):
+    "An Encoding or an HF tokenizer gives the ids it gives itself, through as_tokenizer (plain text, no BOS added)."
+    pytest.importorskip("tiktoken")
+    pytest.importorskip("tokenizers")
+    from gptbook.tokenizer import GPT2_PATTERN, BPETokenizer, TokenizerAdapter
+
+    text = "First Citizen:\nBefore we proceed any further, hear me speak. 日🙂 naïve <|endoftext|>\n" * 30
+    path = tmp_path / "t.txt"
+    path.write_text(text, encoding="utf-8")
+    bpe = BPETokenizer.train(text, 300, GPT2_PATTERN, special_tokens=["<|endoftext|>"])
+    enc, hf = bpe.to_tiktoken(), bpe.to_hf()
+    kinds = [(enc, enc.encode_ordinary(text)), (hf, hf.encode(text, add_special_tokens=False).ids)]
+    try:
+        from transformers import PreTrainedTokenizerFast
+
+        kinds.append((PreTrainedTokenizerFast(tokenizer_object=hf), hf.encode(text).ids))
+    except ImportError:
+        pass
+    for tok, want in kinds:
+        d = data.load_token_data(tok, path=path, cache=False)
+        assert isinstance(d.tokenizer, TokenizerAdapter) and d.vocab_size == bpe.vocab_size
+        assert [*d.train.tolist(), *d.val.tolist()] == want
+        assert d.tokenizer.decode(want) == text
+    with pytest.raises(TypeError, match="int is not a tokenizer gptbook knows"):
+        data.load_token_data(3, path=path)

@@ -796,3 +796,94 @@ def test_stream_with_a_bpe_tokenizer_joins_to_the_decoded_output():
         out = generate(model, torch.tensor([tok.encode("café")]), 50, generator=torch.Generator().manual_seed(seed))
         assert "".join(pieces) == tok.decode(out[0, len(tok.encode("café")) :].tolist())
     assert ids
+
+
+# ---------------------------------------------------------------- stream with every kind of tokenizer
+TARGET = "日🙂 naïve"
+
+
+class ForcedLM(nn.Module):
+    "A stand-in whose greedy next token is `script[k]` at the k-th new position: the output ids are forced."
+
+    def __init__(self, script, prompt_len: int, vocab_size: int):
+        super().__init__()
+        self.script, self.prompt_len = list(script), prompt_len
+        self.config = _Cfg(vocab_size, max_seq_len=1024)
+
+    def forward(self, idx, cache=None):
+        B, T = idx.shape
+        logits = torch.zeros(B, T, self.config.vocab_size)
+        k = T - self.prompt_len  # how many new tokens the sequence holds already
+        logits[:, -1, self.script[min(k, len(self.script) - 1)]] = 1.0
+        return logits
+
+
+def streamed(tok, ids, prompt="a"):
+    from gptbook.tokenizer import as_tokenizer
+
+    n_prompt = len(as_tokenizer(tok).encode(prompt))
+    model = ForcedLM(ids, n_prompt, as_tokenizer(tok).vocab_size)
+    pieces = list(stream(model, tok, prompt, len(ids), temperature=0, use_cache=False))
+    return pieces
+
+
+def byte_fallback_hf():
+    "A SentencePiece-style HF tokenizer (not byte-level): characters, and <0xNN> byte tokens for the rest."
+    from tokenizers import Tokenizer, decoders, models
+
+    vocab = {f"<0x{b:02X}>": b for b in range(256)}
+    vocab.update({c: 256 + i for i, c in enumerate(sorted(set(TARGET + "a") - {"🙂"}))})
+    hf = Tokenizer(models.BPE(vocab, [], byte_fallback=True))
+    hf.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Fuse()])
+    return hf
+
+
+def tokenizer_kinds():
+    "(name, tokenizer, forced ids that spell TARGET with its multi-byte characters cut into bytes where it can)."
+    pytest.importorskip("tiktoken")
+    pytest.importorskip("tokenizers")
+    from gptbook.tokenizer import GPT2_PATTERN, BPETokenizer, CharTokenizer
+
+    bpe = BPETokenizer.train("naïve naïve 日日 🙂🙂 " * 20, 270, GPT2_PATTERN)
+    byte_ids = list(TARGET.encode("utf-8"))  # every character cut into its bytes
+    mixed = bpe.encode(TARGET[:2]) + byte_ids[len(TARGET[:2].encode()) :]
+    char = CharTokenizer.train(TARGET + "a")
+    fallback = byte_fallback_hf()
+    fallback_ids = [fallback.token_to_id(c) for c in "日"] + list("🙂".encode()) + fallback.encode(" naïve").ids
+    kinds = [
+        ("bpe", bpe, byte_ids),
+        ("bpe-merged", bpe, mixed),
+        ("char", char, char.encode(TARGET)),
+        ("tiktoken", bpe.to_tiktoken(), byte_ids),
+        ("tokenizers", bpe.to_hf(), byte_ids),
+        ("tokenizers-fallback", fallback, fallback_ids),
+    ]
+    try:
+        from transformers import PreTrainedTokenizerFast
+    except ImportError:
+        return kinds
+    return [*kinds, ("transformers", PreTrainedTokenizerFast(tokenizer_object=bpe.to_hf()), byte_ids)]
+
+
+def test_stream_gives_the_exact_text_with_every_tokenizer_kind():
+    from gptbook.tokenizer import TokenizerAdapter, as_tokenizer
+
+    for name, tok, ids in tokenizer_kinds():
+        for t in (tok, as_tokenizer(tok)):
+            pieces = streamed(t, ids)
+            assert "".join(pieces) == TARGET, (name, pieces)
+            assert all(pieces) and "\ufffd" not in "".join(pieces), name  # no half character ever shown
+        adapted = as_tokenizer(tok)
+        if isinstance(adapted, TokenizerAdapter):  # byte-level ones stream by bytes; the fallback one by prefix diffs
+            assert (adapted.token_bytes(ids[0]) is None) == (name == "tokenizers-fallback"), name
+
+
+def test_text_decoder_prefix_diff_holds_back_half_characters():
+    from gptbook.sample import TextDecoder
+
+    hf = byte_fallback_hf()
+    dec = TextDecoder(hf)
+    got = [dec.add(i) for i in list("🙂".encode())] + [dec.flush()]
+    assert got == ["", "", "", "🙂", ""]
+    dec = TextDecoder(hf)
+    assert [dec.add(0xF0), dec.flush()] == ["", "\ufffd"]  # an unfinished last character shows as U+FFFD at the end

@@ -460,3 +460,115 @@ def test_decode_zero_dim_ids_says_use_a_list():
         with pytest.raises(TypeError, match=r"decode\(\[id\]\)"):
             tok.decode(one_id)
     assert tok.decode(np.array([104, 105])) == "hi"
+
+
+# ---- tokenizers in: from_hf and from_tiktoken ----------------------------------------------------------------------
+AWKWARD_IN = [*AWKWARD, "日🙂 naïve", "𝕏𝔸 \U00010348 \U0001f9d1\u200d\U0001f52c", "it's I'LL we've   \n\n\t  end  "]
+CL100K_LIKE = (  # tiktoken's cl100k_base pattern: case-insensitive contractions, digits in threes, possessive runs
+    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""
+)
+
+
+def hf_trained(text, vocab_size, split_pattern=None):
+    "A byte-level BPE trained by HF `tokenizers` itself (special tokens first, then bytes in its own order)."
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    hf = Tokenizer(models.BPE())
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=split_pattern is None)
+    split = [] if split_pattern is None else [pre_tokenizers.Split(Regex(split_pattern), behavior="isolated")]
+    hf.pre_tokenizer = pre_tokenizers.Sequence([*split, byte_level]) if split else byte_level
+    hf.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOT, "<pad>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    hf.train_from_iterator([text], trainer)
+    return hf
+
+
+@pytest.fixture(scope="module", params=[None, CL100K_LIKE], ids=["bytelevel-regex", "split-cl100k"])
+def hf_pair(request, split, tmp_path_factory):
+    "(HF tokenizer trained by `tokenizers`, BPETokenizer.from_hf of its saved tokenizer.json folder)."
+    hf = hf_trained(split[0], 3_000, request.param)
+    folder = tmp_path_factory.mktemp("hf")
+    hf.save(str(folder / "tokenizer.json"))
+    return hf, BPETokenizer.from_hf(folder)
+
+
+def test_from_hf_ids_equal_tokenizers(hf_pair, split):
+    hf, tok = hf_pair
+    assert tok.vocab_size == hf.get_vocab_size() == 3_000
+    assert tok.ids is not None and tok.ids[:2] != [0, 1]  # its own numbering: specials first, bytes in HF's order
+    for s in [*AWKWARD_IN, split[1]]:
+        ids = tok.encode(s)
+        assert ids == hf.encode(s).ids, s[:40]
+        assert tok.decode(ids) == s == hf.decode(ids)
+    text = f"<pad>a{EOT}b"
+    assert tok.encode(text, allowed_special="all") == hf.encode(text).ids
+
+
+def test_from_hf_saves_and_loads_with_its_numbering(hf_pair, split, tmp_path):
+    _, tok = hf_pair
+    tok.save(tmp_path / "t.json")
+    back = load_tokenizer(tmp_path / "t.json")
+    assert back.ids == tok.ids and back.vocab == tok.vocab and back.special_tokens == tok.special_tokens
+    assert back.encode(split[1]) == tok.encode(split[1])
+
+
+def test_from_hf_inverts_to_hf(tok, raw_tok, tmp_path):
+    for t in (tok, raw_tok):
+        t.to_hf().save(str(tmp_path / "tokenizer.json"))
+        back = BPETokenizer.from_hf(tmp_path / "tokenizer.json")
+        assert (back.merges, back.pattern, back.special_tokens) == (t.merges, t.pattern, t.special_tokens)
+        assert back.ids is None  # the book's own numbering comes back as it was
+
+
+def test_from_hf_refuses_other_kinds(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    cases = {
+        "wordpiece": (Tokenizer(models.WordPiece({"[UNK]": 0, "a": 1}, unk_token="[UNK]")), "is a WordPiece tokenizer"),
+        "unigram": (Tokenizer(models.Unigram([("<unk>", 0.0), ("a", -1.0)], 0)), "is a Unigram tokenizer"),
+        "bpe": (Tokenizer(models.BPE({"a": 0, "b": 1, "ab": 2}, [("a", "b")])), "BPE tokenizer that is not byte-level"),
+    }
+    cases["bpe"][0].pre_tokenizer = pre_tokenizers.Whitespace()
+    for name, (hf, message) in cases.items():
+        hf.save(str(tmp_path / f"{name}.json"))
+        with pytest.raises(ValueError, match=message) as e:
+            BPETokenizer.from_hf(tmp_path / f"{name}.json")
+        assert "\n" not in str(e.value) and "GPT-2-style byte-level BPE" in str(e.value)
+    with pytest.raises(FileNotFoundError, match="from_hf wants a tokenizer.json or a folder with one"):
+        BPETokenizer.from_hf(tmp_path / "nowhere")
+
+
+def test_from_tiktoken_inverts_to_tiktoken(tok, raw_tok):
+    for t in (tok, raw_tok):
+        back = BPETokenizer.from_tiktoken(t.to_tiktoken())
+        assert (back.merges, back.pattern, back.special_tokens) == (t.merges, t.pattern, t.special_tokens)
+        assert back.ids is None  # the book's own numbering comes back as it was
+
+
+def test_from_tiktoken_ids_equal_an_encoding_with_its_own_numbering(split):
+    "An Encoding whose byte ranks are not the byte values (as GPT-2's are not) and with the cl100k pattern."
+    hf = hf_trained(split[0], 2_000, CL100K_LIKE)
+    vocab = hf.get_vocab()
+    as_byte = {c: b for b, c in zip(range(256), pretokenize_alphabet())}
+    ranks = {bytes(as_byte[c] for c in s): i for s, i in vocab.items() if s not in (EOT, "<pad>")}
+    enc = tiktoken.Encoding("hf-trained", pat_str=CL100K_LIKE, mergeable_ranks=ranks, special_tokens={EOT: 0})
+    tok = BPETokenizer.from_tiktoken(enc)
+    assert tok.pattern == CL100K_LIKE and tok.special_tokens == {EOT: 0}
+    for s in [*AWKWARD_IN, split[1]]:
+        assert tok.encode(s) == enc.encode_ordinary(s) == hf.encode(s).ids, s[:40]
+    assert tok.encode(f"a{EOT}", allowed_special="all") == enc.encode(f"a{EOT}", allowed_special="all")
+    with pytest.raises(TypeError, match="from_tiktoken expects a tiktoken.Encoding, got str"):
+        BPETokenizer.from_tiktoken("gpt2")
+
+
+def pretokenize_alphabet():
+    "GPT-2's character for each byte, in byte order."
+    from gptbook.tokenizer import _byte_to_char
+
+    table = _byte_to_char()
+    return [table[b] for b in range(256)]
