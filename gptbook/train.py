@@ -807,6 +807,8 @@ def _configs(cfg, model_config, saved, run_dir: Path):
     cfg = cfg or TrainConfig()
     if cfg.data_path:  # stored absolute, so that the run resumes from any working directory
         cfg = cfg.replace(data_path=str(Path(cfg.data_path).expanduser().resolve()))
+    if cfg.init_from and Path(cfg.init_from).expanduser().exists():  # a folder, not a hub name
+        cfg = cfg.replace(init_from=str(Path(cfg.init_from).expanduser().resolve()))
     return cfg, model_config
 
 
@@ -855,8 +857,6 @@ def train(
         trainer.data_sha256, trainer.replaces_run = data_sha256, replaces
         if init is not None:
             trainer.model.load_state_dict(init.weights)
-        if ranks.rank == 0:
-            print(_header(trainer, saved, data_sha256 is not None), flush=True)
         if saved is not None:
             trainer._restore(saved)
             if trainer.step >= cfg.max_iters:
@@ -867,6 +867,8 @@ def train(
                         file=sys.stderr,
                     )
                 return trainer
+        if ranks.rank == 0:  # everything is checked and loaded: say what trains
+            print(_header(trainer, saved, data_sha256 is not None), flush=True)
         t0 = time.perf_counter()
         trainer.fit()
         if ranks.rank == 0:
