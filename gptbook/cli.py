@@ -7,22 +7,27 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import sys
+import time
 import typing
+from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 import gptbook
 from .checkpoint import checkpoint_state, find_checkpoint, list_checkpoints
 from .model import GPT, GPTConfig, pick_device
 from .options import OptionError, choices_of, field_types, split_optional
 from .sample import SamplingConfig, generate, stream
+from .tokenizer import GPT2_PATTERN, BPETokenizer, load_tokenizer
 from .train import TrainConfig, TrainingDiverged, checkpoint_tokenizer, load_run_config, train
 
 # %% auto #0
 __all__ = ['UNSET', 'FIXED_ON_RESUME', 'SAMPLE_DEFAULTS', 'add_options', 'given', 'config_from_args', 'sampling_config_from_args',
-           'build_parser', 'main']
+           'text_nats', 'build_parser', 'main']
 
 # %% ../nbs/A4_cli.ipynb #04caae1e
 class _Parser(argparse.ArgumentParser):
@@ -129,7 +134,13 @@ def given(args, names) -> dict:
     return out
 
 # %% ../nbs/A4_cli.ipynb #579376a5
-FIXED_ON_RESUME = ("tokenizer", "bpe_vocab_size", "preset", "val_fraction")  # --data may move (its hash is checked)
+FIXED_ON_RESUME = (
+    "tokenizer",
+    "bpe_vocab_size",
+    "preset",
+    "val_fraction",
+    "init_from",
+)  # --data may move (its hash is checked)
 
 
 def _add_train_args(p: argparse.ArgumentParser) -> dict[str, str]:
@@ -222,7 +233,7 @@ def _train(args) -> int:
             _print_sample(trainer.model.eval(), trainer.data.tokenizer, args.sample_tokens, cfg.seed)
             print("---")
         if ckpts:
-            print(f"checkpoint: {ckpts[-1]}\nmore text: gptbook sample --out {cfg.out_dir}")
+            print(f"more text: gptbook sample {cfg.out_dir}")
     return 0
 
 # %% ../nbs/A4_cli.ipynb #1cd6a012
@@ -231,9 +242,15 @@ SAMPLE_DEFAULTS = {"temperature": 0.8, "top_p": 0.9}
 
 def _add_sample_args(p: argparse.ArgumentParser) -> dict[str, str]:
     "All flags of `gptbook sample`; returns {field: flag} for the SamplingConfig fields."
-    run = p.add_argument_group("what to sample")
+    run = p.add_argument_group("what to sample (a run folder, --hf or --nanogpt)")
+    run.add_argument("run", nargs="?", metavar="RUN", help="a run folder or a checkpoint folder (same as --out)")
     run.add_argument(
-        "--out", default="out", metavar="DIR", help="a run folder (its latest checkpoint) or a checkpoint folder"
+        "--out", metavar="DIR", help="a run folder (its latest checkpoint) or a checkpoint folder (default: out)"
+    )
+    run.add_argument("--hf", metavar="FOLDER", help="a Hugging Face GPT-2 or Llama model (hub name or folder)")
+    run.add_argument("--nanogpt", metavar="CKPT", help="a nanoGPT checkpoint (ckpt.pt); needs --tokenizer")
+    run.add_argument(
+        "--tokenizer", metavar="PATH", help="a gptbook tokenizer file (default: the model's own tokenizer)"
     )
     run.add_argument("--prompt", default="\n", metavar="TEXT", help="text to continue (default: a newline)")
     run.add_argument("--seed", type=int, default=None, metavar="N", help="random seed for reproducible samples")
@@ -249,6 +266,71 @@ def sampling_config_from_args(args) -> SamplingConfig:
     "The SamplingConfig that `gptbook sample`'s flags describe."
     names = [f.name for f in dataclasses.fields(SamplingConfig)]
     return SamplingConfig(**{**SAMPLE_DEFAULTS, **given(args, names)})
+
+# %% ../nbs/A4_cli.ipynb #a4src01
+#| code-fold: true
+def _run_folder(args) -> str:
+    "The run folder named by RUN or --out (they may not disagree)."
+    if args.run and args.out and Path(args.run) != Path(args.out):
+        raise ValueError(f"RUN {args.run} and --out {args.out} name two runs: give one")
+    return args.run or args.out or "out"
+
+
+def _load_run(run, device):
+    "The model (on `device`) and tokenizer of a gptbook run or checkpoint folder."
+    folder = find_checkpoint(run)  # the weights and state.json suffice: no optimizer or RNG states
+    state = checkpoint_state(folder)
+    if not isinstance(state.get("model_config"), dict):
+        raise ValueError(f"{folder / 'state.json'} has no model_config, so its model cannot be rebuilt")
+    try:
+        GPTConfig.from_dict(state["model_config"])
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{folder / 'state.json'} has a model_config gptbook cannot build: {e}") from e
+    model = GPT.from_checkpoint(folder, device=device)
+    return model, checkpoint_tokenizer(folder, {**state, "tokenizer": True}, model.config.vocab_size)
+
+
+def _hf_tokenizer(name):
+    "The tokenizer of a Hugging Face model, as a BPETokenizer."
+    if not hasattr(BPETokenizer, "from_hf"):
+        raise ValueError(f"this gptbook cannot read the tokenizer of {name} yet: give --tokenizer PATH")
+    return BPETokenizer.from_hf(name)
+
+
+def _nanogpt_model(path):
+    "The GPT of a nanoGPT checkpoint, via gptbook.hf.from_nanogpt."
+    from gptbook import hf
+
+    if not hasattr(hf, "from_nanogpt"):
+        raise ValueError("this gptbook cannot read nanoGPT checkpoints yet (gptbook.hf.from_nanogpt)")
+    got = hf.from_nanogpt(path)
+    if isinstance(got, tuple):  # (config, state_dict)
+        model = GPT(got[0])
+        model.load_state_dict(got[1])
+        return model
+    return got
+
+
+def _model_to_sample(args):
+    "The model (eval mode, on --device) and tokenizer that --hf, --nanogpt or the run folder name."
+    sources = [name for name in ("hf", "nanogpt") if getattr(args, name)] + (["RUN"] if args.run or args.out else [])
+    if len(sources) > 1:
+        raise ValueError(f"give one model to sample from, not {' and '.join(sources)}")
+    device = pick_device(args.device)
+    if args.nanogpt and not args.tokenizer:
+        raise ValueError(
+            "a nanoGPT checkpoint has no gptbook tokenizer (its meta.pkl is a pickle, which gptbook does not "
+            "load): give one with --tokenizer PATH (`gptbook tokenizer train` makes one)"
+        )
+    if args.hf or args.nanogpt:
+        model = GPT.from_hf(args.hf) if args.hf else _nanogpt_model(args.nanogpt)
+        tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else _hf_tokenizer(args.hf)
+    else:
+        model, tokenizer = _load_run(_run_folder(args), device)
+        tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else tokenizer
+    if tokenizer.vocab_size > model.config.vocab_size:
+        raise ValueError(f"the tokenizer has {tokenizer.vocab_size} ids, the model only {model.config.vocab_size}")
+    return model.to(device).eval(), tokenizer
 
 # %% ../nbs/A4_cli.ipynb #667db338
 def _generator(seed, device):
@@ -267,16 +349,7 @@ def _check_sample_args(args):
 def _sample(args) -> int:
     _check_sample_args(args)
     config = sampling_config_from_args(args)
-    folder = find_checkpoint(args.out)  # the weights and state.json suffice: no optimizer or RNG states
-    state = checkpoint_state(folder)
-    if not isinstance(state.get("model_config"), dict):
-        raise ValueError(f"{folder / 'state.json'} has no model_config, so its model cannot be rebuilt")
-    try:
-        GPTConfig.from_dict(state["model_config"])
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"{folder / 'state.json'} has a model_config gptbook cannot build: {e}") from e
-    model = GPT.from_checkpoint(folder, device=pick_device(args.device))
-    tokenizer = checkpoint_tokenizer(folder, {**state, "tokenizer": True}, model.config.vocab_size)
+    model, tokenizer = _model_to_sample(args)
     g = _generator(args.seed, next(model.parameters()).device)
     for i in range(args.num_samples):
         if i:
@@ -291,18 +364,96 @@ def _sample(args) -> int:
             print(args.prompt + "".join(pieces))
     return 0
 
+# %% ../nbs/A4_cli.ipynb #a4evc01
+def _add_eval_args(p: argparse.ArgumentParser) -> dict:
+    "All flags of `gptbook eval`."
+    p.add_argument("run", nargs="?", metavar="RUN", help="a run folder or a checkpoint folder (same as --out)")
+    p.add_argument("--out", metavar="DIR", help="a run folder or a checkpoint folder (default: out)")
+    p.add_argument("--data", required=True, metavar="PATH", help="a UTF-8 text file to score (all of it)")
+    p.add_argument("--batch-size", type=int, default=16, metavar="N", help="windows per forward pass (default: 16)")
+    p.add_argument("--device", default="auto", metavar="DEVICE", help="auto, cpu, cuda, cuda:N or mps (default: auto)")
+    return {}
+
+
+@torch.no_grad()
+def text_nats(model, ids: torch.Tensor, batch_size: int = 16) -> float:
+    "The total cross-entropy (nats) of predicting `ids[1:]` from what precedes them, window by window."
+    T, n, total = model.config.max_seq_len, len(ids) - 1, 0.0
+    starts = list(range(0, n, T))
+    for b in range(0, len(starts), batch_size):
+        for s in _same_length(starts[b : b + batch_size], T, n):  # the last window may be shorter
+            x = torch.stack([ids[i : i + s[1]] for i in s[0]])
+            y = torch.stack([ids[i + 1 : i + 1 + s[1]] for i in s[0]])
+            logits = model(x).float()
+            total += F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="sum").item()
+    return total
+
+
+def _same_length(starts: list, T: int, n: int) -> list:
+    "The windows starting at `starts`, grouped by length (all T but perhaps the last)."
+    full = [i for i in starts if i + T <= n]
+    rest = [(i, n - i) for i in starts if i + T > n]
+    return ([(full, T)] if full else []) + [([i], length) for i, length in rest]
+
+
+def _eval(args) -> int:
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be at least 1, got {args.batch_size}")
+    device = pick_device(args.device)
+    model, tokenizer = _load_run(_run_folder(args), device)
+    model.eval()
+    text = Path(args.data).expanduser().read_text(encoding="utf-8")
+    ids = torch.tensor(tokenizer.encode(text), dtype=torch.long, device=device)  # unknown characters: ValueError
+    if len(ids) < 2:
+        raise ValueError(f"{args.data} has {len(ids)} token(s): a score needs at least 2")
+    t0, nats = time.perf_counter(), text_nats(model, ids, args.batch_size)
+    loss = nats / (len(ids) - 1)
+    print(f"data: {args.data} ({len(text):,} characters, {len(ids):,} tokens, {time.perf_counter() - t0:.1f} s)")
+    print(
+        f"loss {loss:.4f} nats/token, perplexity {math.exp(loss):.2f}, {nats / math.log(2) / len(text):.4f} bits/char"
+    )
+    return 0
+
+# %% ../nbs/A4_cli.ipynb #a4tkc01
+def _add_tokenizer_args(p: argparse.ArgumentParser) -> dict:
+    "The flags of `gptbook tokenizer train`."
+    p.add_argument("file", metavar="FILE", help="a UTF-8 text file to learn the merges from")
+    p.add_argument("--vocab-size", type=int, required=True, metavar="N", help="ids: the 256 bytes and N - 256 merges")
+    p.add_argument("--out", required=True, metavar="PATH", help="where to write the tokenizer (JSON)")
+    p.add_argument(
+        "--pattern",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="split the text with GPT-2's pattern before merging (default: on)",
+    )
+    return {}
+
+
+def _tokenizer_train(args) -> int:
+    if args.vocab_size < 256:
+        raise ValueError(f"--vocab-size must be at least 256 (the bytes), got {args.vocab_size}")
+    text = Path(args.file).expanduser().read_text(encoding="utf-8")
+    t0 = time.perf_counter()
+    tok = BPETokenizer.train(text, args.vocab_size, pattern=GPT2_PATTERN if args.pattern else None)
+    tok.save(args.out)
+    print(
+        f"trained a BPE tokenizer of {tok.vocab_size:,} ids on {args.file} ({len(text):,} characters) "
+        f"in {time.perf_counter() - t0:.1f} s: {args.out}"
+    )
+    return 0
+
 # %% ../nbs/A4_cli.ipynb #25e1d4f6
 def build_parser() -> argparse.ArgumentParser:
-    "The parser of the `gptbook` command and its subcommands `train` and `sample`."
+    "The parser of the `gptbook` command and its subcommands."
     p = _Parser(
         prog="gptbook",
-        description="Train a GPT on Tiny Shakespeare (or your text) and sample from it.",
+        description="Train a GPT on Tiny Shakespeare (or your text), sample from it, score it on a text.",
         epilog="Examples: `gptbook train` (the CPU baby model, a few minutes), "
-        "`gptbook sample --out out --prompt ROMEO:`. Several GPUs: "
+        "`gptbook sample out --prompt ROMEO:`, `gptbook eval out --data my.txt`. Several GPUs: "
         "`torchrun --standalone --nproc_per_node 8 -m gptbook train ...`.",
     )
     p.add_argument("--version", action="version", version=f"gptbook {gptbook.__version__}")
-    sub = p.add_subparsers(dest="command", metavar="{train,sample}")
+    sub = p.add_subparsers(dest="command", metavar="{train,sample,eval,tokenizer}")
     t = sub.add_parser(
         "train",
         help="train a model (no arguments: the CPU baby model on Tiny Shakespeare)",
@@ -313,10 +464,23 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser(
         "sample",
         help="generate text from a trained model",
-        description="Continue a prompt with the model of a checkpoint.",
+        description="Continue a prompt with the model of a checkpoint, a Hugging Face model or a nanoGPT one.",
     )
     s.set_defaults(func=_sample, flags=_add_sample_args(s))
+    _add_eval_and_tokenizer(sub)
     return p
+
+
+def _add_eval_and_tokenizer(sub) -> None:
+    "The subcommands `eval` and `tokenizer train`."
+    e = sub.add_parser(
+        "eval", help="score a model on a text file", description="Loss, perplexity and bits per character on a text."
+    )
+    e.set_defaults(func=_eval, flags=_add_eval_args(e))
+    tk = sub.add_parser("tokenizer", help="train a BPE tokenizer", description="Tokenizer tools.")
+    tsub = tk.add_subparsers(dest="tokenizer_command", metavar="{train}", required=True)
+    tt = tsub.add_parser("train", help="train a BPE tokenizer on a text file", description="Train a BPE tokenizer.")
+    tt.set_defaults(func=_tokenizer_train, flags=_add_tokenizer_args(tt))
 
 # %% ../nbs/A4_cli.ipynb #890af4b8
 def _message(e: Exception, flags: dict) -> str:

@@ -21,7 +21,11 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
-from tqdm import tqdm
+from tqdm.auto import tqdm
+from tqdm.autonotebook import tqdm as picked_tqdm  # what tqdm.auto chose: the notebook bar or the console one
+from tqdm.std import tqdm as console_tqdm
+
+import gptbook
 
 from .checkpoint import CKPT_FILES, atomic_write, checkpoint_dirs, checkpoint_state, is_checkpoint_dir
 from .checkpoint import list_checkpoints, load_optimizer_state, load_weights, restore_rng, run_lock
@@ -120,7 +124,15 @@ class TrainConfig(Options):
         min=1,
         min_open=True,
     )
-    progress: bool = option(True, "show a progress bar (rank 0 only)")
+    progress: bool = option(
+        True, "show a progress bar (rank 0; without a terminal: a line every 10% of the run instead)"
+    )
+    init_from: str | None = option(
+        None,
+        "start from pretrained weights: a gptbook run or checkpoint folder, or a Hugging Face model folder "
+        "(its model and tokenizer; a fresh run only)",
+        metavar="DIR",
+    )
 
     def check(self) -> None:
         "`model_overrides` may name only `GPTConfig` fields."
@@ -458,6 +470,7 @@ class Trainer:
             "world_size": self.world_size,
             "data_sha256": self.data_sha256,
             "tokenizer_vocab_size": getattr(self.data.tokenizer, "vocab_size", None),
+            "gptbook_version": gptbook.__version__,
         }
         folder = save_checkpoint(
             self.out_dir,
@@ -517,8 +530,22 @@ class Trainer:
                 stats = self.train_step()
                 interval.add(time.perf_counter() - t0, stats["grad_norm"])
                 self._show_progress(bar, stats, interval, end)
+        except KeyboardInterrupt:
+            if self.is_main:
+                print(self._interrupted(), file=sys.stderr, flush=True)
+            raise
         finally:
             bar.close()
+
+    def _interrupted(self) -> str:
+        "What to say on Ctrl-C: the last checkpoint and the command that continues from it."
+        ckpts = [] if self.replaces_run else list_checkpoints(self.out_dir)
+        if not ckpts:
+            return f"\ninterrupted at step {self.step}, before the first checkpoint: nothing was saved"
+        return (
+            f"\ninterrupted at step {self.step}; the last checkpoint is {ckpts[-1]}\n"
+            f"continue with: gptbook train --out {self.out_dir} --resume"
+        )
 
     def _evaluation_due(self, end: int) -> bool:
         "Every `eval_interval` steps and at `end`, once per step (a resumed run does not redo its last one)."
@@ -551,11 +578,12 @@ class Trainer:
             bar.write(msg)
 
     def _progress_bar(self) -> tqdm:
-        "A bar over the whole run on rank 0, if `cfg.progress`."
+        "A bar over the whole run on rank 0, if `cfg.progress` and a terminal or a notebook with widgets shows it."
+        shown = sys.stderr.isatty() or picked_tqdm is not console_tqdm  # a terminal, or a notebook with widgets
         return tqdm(
             total=self.cfg.max_iters,
             initial=self.step,
-            disable=None if self.cfg.progress and self.is_main else True,  # None: off when stderr is no terminal
+            disable=not (self.cfg.progress and self.is_main and shown),
             desc="train",
             unit="step",
             dynamic_ncols=True,
@@ -569,6 +597,14 @@ class Trainer:
             tokens_per_sec = self.tokens_per_step * interval.steps / interval.seconds
             bar.set_postfix(
                 loss=f"{stats['loss']:.3f}", lr=f"{stats['lr']:.1e}", tok_s=f"{tokens_per_sec:,.0f}", refresh=False
+            )
+        tenth = max(1, self.cfg.max_iters // 10)
+        if bar.disable and self.cfg.progress and self.is_main and self.step % tenth == 0:  # a log, not a terminal
+            tokens_per_sec = self.tokens_per_step * interval.steps / interval.seconds
+            print(
+                f"step {self.step}/{self.cfg.max_iters} ({100 * self.step // self.cfg.max_iters}%): "
+                f"loss {stats['loss']:.4f}, lr {stats['lr']:.1e}, {tokens_per_sec:,.0f} tokens/s",
+                flush=True,
             )
 
 # %% ../nbs/08_training.ipynb #e5c18959
@@ -681,6 +717,83 @@ def _new_model(model_config: GPTConfig, seed: int, rank: int) -> GPT:
     torch.manual_seed(seed + rank)
     return model
 
+# %% ../nbs/08_training.ipynb #t8pretr01
+#| code-fold: true
+class _Pretrained(NamedTuple):
+    "What `init_from` names: the model's config and weights, and its tokenizer."
+
+    config: GPTConfig
+    weights: dict
+    tokenizer: object
+
+
+_NOT_SHAPE = ("dropout",)  # model fields a fine-tuning run may change: they do not shape the weights
+
+
+def _pretrained(path, overrides: dict) -> _Pretrained:
+    "The model and tokenizer of `init_from` (a gptbook run or checkpoint folder, or a Hugging Face folder)."
+    path = Path(path).expanduser()
+    if is_checkpoint_dir(path) or (path.is_dir() and checkpoint_dirs(path)):
+        state = checkpoint_state(path)
+        model = GPT.from_checkpoint(state["path"])
+        tokenizer = checkpoint_tokenizer(state["path"], state, model.config.vocab_size)
+    elif (path / "config.json").is_file():
+        model, tokenizer = GPT.from_hf(path), _hf_tokenizer(path)
+    else:
+        raise FileNotFoundError(
+            f"--init-from {path} is neither a gptbook run or checkpoint folder nor a Hugging Face model folder "
+            "(config.json and model.safetensors)"
+        )
+    if tokenizer is None:
+        raise ValueError(f"--init-from {path} has no tokenizer, so its model cannot read new text")
+    for name, value in overrides.items():
+        if name not in _NOT_SHAPE and getattr(model.config, name) != value:
+            raise ValueError(
+                f"--init-from {path} fixes the model: its {name} is {getattr(model.config, name)!r}, not {value!r}; "
+                f"drop --{name.replace('_', '-')}"
+            )
+    config = model.config.replace(**{k: v for k, v in overrides.items() if k in _NOT_SHAPE})
+    return _Pretrained(config, model.state_dict(), tokenizer)
+
+
+def _hf_tokenizer(path: Path):
+    "The tokenizer of a Hugging Face model folder, as a `BPETokenizer`."
+    from .tokenizer import BPETokenizer
+
+    if not hasattr(BPETokenizer, "from_hf"):
+        raise ValueError(f"this gptbook cannot read the tokenizer of {path} yet (BPETokenizer.from_hf)")
+    return BPETokenizer.from_hf(path)
+
+
+def _header(trainer: Trainer, saved: dict | None, from_file: bool) -> str:
+    "The lines a run starts with: what trains, on what, where."
+    cfg, data = trainer.cfg, trainer.data
+    n_params = sum(p.numel() for p in trainer.model.parameters())
+    tokens = len(data.train) + len(data.val)
+    chars = f"{len(_data_file(cfg).read_text(encoding='utf-8')):,} characters, " if from_file else ""
+    source = _data_file(cfg) if from_file else "tokens given"
+    start = f"resuming from step {saved['iter']}" if saved else "fresh"
+    if cfg.init_from and not saved:
+        start += f", initialized from {cfg.init_from}"
+    return (
+        f"gptbook {gptbook.__version__}: {n_params / 1e6:.2f}M parameters on {trainer.device} in "
+        f"{str(trainer.dtype).removeprefix('torch.')}, {trainer.tokens_per_step:,} tokens per step\n"
+        f"data: {source} ({chars}{tokens:,} tokens: {len(data.train):,} train, {len(data.val):,} val)\n"
+        f"run: {trainer.out_dir} ({start}), {cfg.max_iters:,} steps"
+    )
+
+
+def _summary(trainer: Trainer, seconds: float) -> str:
+    "The lines a finished run ends with: time, best val loss, where its files are, how to sample."
+    vals = [r["val_loss"] for r in trainer.history if math.isfinite(r["val_loss"])]
+    ckpts = list_checkpoints(trainer.out_dir)
+    best = f"best val loss {min(vals):.4f}" if vals else "no evaluation"
+    return (
+        f"done in {seconds:.1f} s at step {trainer.step}: {best}\n"
+        f"checkpoint: {ckpts[-1] if ckpts else 'none'}\nmetrics: {trainer.metrics_path}\n"
+        f"sample: gptbook sample --out {trainer.out_dir}"
+    )
+
 # %% ../nbs/08_training.ipynb #t8train01
 def _configs(cfg, model_config, saved, run_dir: Path):
     "The run's TrainConfig (data path made absolute) and GPTConfig; on resume, those of the checkpoint `saved`."
@@ -694,16 +807,18 @@ def _configs(cfg, model_config, saved, run_dir: Path):
     cfg = cfg or TrainConfig()
     if cfg.data_path:  # stored absolute, so that the run resumes from any working directory
         cfg = cfg.replace(data_path=str(Path(cfg.data_path).expanduser().resolve()))
+    if cfg.init_from and Path(cfg.init_from).expanduser().exists():  # a folder, not a hub name
+        cfg = cfg.replace(init_from=str(Path(cfg.init_from).expanduser().resolve()))
     return cfg, model_config
 
 
-def _prepare(cfg, model_config, data, saved):
+def _prepare(cfg, model_config, data, saved, tokenizer=None):
     "Check and load everything a run needs, changing nothing on disk; returns the model config, data and data hash."
     if saved is not None and data is None:
         _check_same_data(cfg, saved)
     data_sha256 = None  # unknown when the tokens are given
     if data is None:
-        tokenizer = None if saved is None else checkpoint_tokenizer(saved["path"], saved)
+        tokenizer = tokenizer or (None if saved is None else checkpoint_tokenizer(saved["path"], saved))
         data = load_token_data(tokenizer or cfg.tokenizer, cfg.bpe_vocab_size, cfg.data_path, cfg.val_fraction)
         data_sha256 = (saved or {}).get("data_sha256") or sha256_of(_data_file(cfg))
     model_config = model_config or GPTConfig.from_preset(cfg.preset, data.vocab_size, **cfg.model_overrides)
@@ -732,11 +847,16 @@ def train(
         saved = checkpoint_state(run_dir, CKPT_FILES) if resume else None
         replaces = saved is None and ranks.rank == 0 and _check_fresh(run_dir, overwrite)
         cfg, model_config = _configs(cfg, model_config, saved, run_dir)
-        model_config, data, data_sha256 = _prepare(cfg, model_config, data, saved)
+        init = _pretrained(cfg.init_from, cfg.model_overrides) if saved is None and cfg.init_from else None
+        if init is not None:
+            model_config = init.config
+        model_config, data, data_sha256 = _prepare(cfg, model_config, data, saved, init and init.tokenizer)
         if ranks.world_size > 1:
             dist.barrier()
         trainer = Trainer(_new_model(model_config, cfg.seed, ranks.rank), data, cfg, model_config, ranks)
         trainer.data_sha256, trainer.replaces_run = data_sha256, replaces
+        if init is not None:
+            trainer.model.load_state_dict(init.weights)
         if saved is not None:
             trainer._restore(saved)
             if trainer.step >= cfg.max_iters:
@@ -747,5 +867,10 @@ def train(
                         file=sys.stderr,
                     )
                 return trainer
+        if ranks.rank == 0:  # everything is checked and loaded: say what trains
+            print(_header(trainer, saved, data_sha256 is not None), flush=True)
+        t0 = time.perf_counter()
         trainer.fit()
+        if ranks.rank == 0:
+            print(_summary(trainer, time.perf_counter() - t0), flush=True)
     return trainer

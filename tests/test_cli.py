@@ -138,6 +138,7 @@ def test_flags_are_the_config_fields():
     assert {"--out", "--data"} <= _field_flags(TrainConfig)  # the contract's names for out_dir and data_path
     assert _field_flags(SamplingConfig) <= sample_flags
     own = {"--help", "--out", "--prompt", "--seed", "--num-samples", "--stream", "--device"}
+    own |= {"--hf", "--nanogpt", "--tokenizer"}  # other models than a run's
     negations = {f"--no-{f.name.replace('_', '-')}" for f in dataclasses.fields(SamplingConfig)}
     assert sample_flags - _field_flags(SamplingConfig) - negations == own
     for cls in (TrainConfig, GPTConfig, SamplingConfig):
@@ -362,3 +363,172 @@ def test_damaged_checkpoint_is_one_line_naming_the_file(capsys, run_dir, tmp_pat
     f.write_bytes(f.read_bytes()[: len(f.read_bytes()) // 2])  # truncated, as by a disk that filled up
     status, _, err = call(capsys, "sample", "--out", out, "--max-new-tokens", 5)
     assert status == 1 and damage in err and "damaged" in err and "Traceback" not in err
+
+
+# --- issue 13: eval, tokenizer train, sample RUN / --hf / --nanogpt, train --init-from ---------------------------
+
+from gptbook.tokenizer import BPETokenizer  # noqa: E402
+
+needs_hf_tokenizer = pytest.mark.skipif(
+    not hasattr(BPETokenizer, "from_hf"), reason="BPETokenizer.from_hf is not merged yet"
+)
+
+
+def _numbers(out: str) -> tuple[float, float, float]:
+    "loss, perplexity and bits/char from the output of `gptbook eval`."
+    import re
+
+    m = re.search(r"loss ([\d.]+) nats/token, perplexity ([\d.]+), ([\d.]+) bits/char", out)
+    assert m, out
+    return tuple(float(x) for x in m.groups())
+
+
+def test_eval_scores_the_whole_file(capsys, run_dir, shakespeare_path, tmp_path):
+    "The loss is the mean over every token but the first (checked by a plain loop), whatever the batch size."
+    import math
+
+    from gptbook.model import lm_loss
+
+    text = Path(shakespeare_path).read_text(encoding="utf-8")[:3000]
+    f = tmp_path / "t.txt"
+    f.write_text(text, encoding="utf-8")
+    s1, out1, err = call(capsys, "eval", run_dir[0], "--data", f, "--batch-size", 1)
+    s7, out7, _ = call(capsys, "eval", "--out", run_dir[0], "--data", f, "--batch-size", 7)
+    assert s1 == s7 == 0, err
+    loss, ppl, bpc = _numbers(out1)
+    assert _numbers(out7) == pytest.approx((loss, ppl, bpc), abs=2e-4)
+    ckpt = load_checkpoint(run_dir[0])
+    ids = torch.tensor(ckpt.tokenizer.encode(text))
+    T, nats = ckpt.model.config.max_seq_len, 0.0
+    with torch.no_grad():
+        for i in range(0, len(ids) - 1, T):  # one window at a time
+            x, y = ids[i : i + T][None], ids[i + 1 : i + 1 + T][None]
+            x = x[:, : y.shape[1]]
+            nats += lm_loss(ckpt.model(x), y).item() * y.numel()
+    assert loss == pytest.approx(nats / (len(ids) - 1), abs=1e-4)
+    assert ppl == pytest.approx(math.exp(loss), rel=1e-3)
+    assert bpc == pytest.approx(nats / math.log(2) / len(text), abs=1e-4)
+
+
+def test_eval_errors_are_one_line(capsys, run_dir, tmp_path):
+    status, _, err = call(capsys, "eval", run_dir[0], "--data", tmp_path / "none.txt")
+    assert status == 1 and "none.txt" in err and len(err.strip().splitlines()) == 1
+    status, _, err = call(capsys, "eval", run_dir[0])
+    assert status == 2 and "--data" in err
+
+
+def test_tokenizer_train(capsys, shakespeare_path, tmp_path):
+    from gptbook.tokenizer import load_tokenizer
+
+    text = tmp_path / "t.txt"
+    text.write_text(Path(shakespeare_path).read_text(encoding="utf-8")[:20000], encoding="utf-8")
+    status, out, err = call(capsys, "tokenizer", "train", text, "--vocab-size", 300, "--out", tmp_path / "tok.json")
+    assert status == 0, err
+    tok = load_tokenizer(tmp_path / "tok.json")
+    assert tok.vocab_size == 300 and tok.decode(tok.encode("ROMEO: hi")) == "ROMEO: hi"
+    status, _, _ = call(
+        capsys, "tokenizer", "train", text, "--vocab-size", 300, "--out", tmp_path / "raw.json", "--no-pattern"
+    )
+    raw = load_tokenizer(tmp_path / "raw.json")
+    assert status == 0 and raw.merges != tok.merges  # merges across word boundaries now
+    status, _, err = call(capsys, "tokenizer", "train", text, "--vocab-size", 100, "--out", tmp_path / "x.json")
+    assert status == 1 and "at least 256" in err and not (tmp_path / "x.json").exists()
+
+
+def test_sample_takes_the_run_as_an_argument(capsys, run_dir):
+    base = ["--max-new-tokens", 20, "--seed", 5]
+    s1, a, _ = call(capsys, "sample", run_dir[0], *base)
+    s2, b, _ = call(capsys, "sample", "--out", run_dir[0], *base)
+    assert s1 == s2 == 0 and a == b
+    status, _, err = call(capsys, "sample", run_dir[0], "--out", run_dir[0].parent, *base)
+    assert status == 1 and "give one" in err
+
+
+def test_sample_nanogpt_needs_a_tokenizer(capsys, tmp_path):
+    status, _, err = call(capsys, "sample", "--nanogpt", tmp_path / "ckpt.pt")
+    assert status == 1 and "--tokenizer" in err and "meta.pkl" in err and len(err.strip().splitlines()) == 1
+    status, _, err = call(capsys, "sample", "--nanogpt", tmp_path / "ckpt.pt", "--hf", tmp_path)
+    assert status == 1 and "give one model" in err
+
+
+def _hf_folder(tmp_path, text: str) -> Path:
+    "A tiny Hugging Face GPT-2 with a byte-level BPE tokenizer trained on `text`, saved as from_pretrained reads it."
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast
+
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator([text], vocab_size=300, min_frequency=1, show_progress=False)
+    bpe.save_model(str(folder))
+    GPT2TokenizerFast(vocab_file=str(folder / "vocab.json"), merges_file=str(folder / "merges.txt")).save_pretrained(
+        folder
+    )
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=bpe.get_vocab_size(), n_positions=32, n_embd=32, n_layer=1, n_head=2)
+    GPT2LMHeadModel(config).save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
+@needs_hf_tokenizer
+def test_sample_hf_folder(capsys, tmp_path, shakespeare_path):
+    folder = _hf_folder(tmp_path, Path(shakespeare_path).read_text(encoding="utf-8")[:5000])
+    status, out, err = call(capsys, "sample", "--hf", folder, "--prompt", "ROMEO:", "--max-new-tokens", 5)
+    assert status == 0, err
+    assert out.startswith("ROMEO:")
+
+
+def test_train_init_from_a_run(capsys, run_dir, shakespeare_path, tmp_path):
+    "A fine-tuning run starts from the run's weights (its first val loss is the run's last) on other text."
+    text = tmp_path / "t.txt"
+    text.write_text(Path(shakespeare_path).read_text(encoding="utf-8")[:20000], encoding="utf-8")
+    argv = ["--data", text, "--max-iters", 4, "--eval-interval", 2, "--sample-tokens", 0, "--eval-iters", 2]
+    argv += ["--no-progress"]
+    status, out, err = call(capsys, "train", "--out", tmp_path / "ft", "--init-from", run_dir[0], *argv)
+    assert status == 0, err
+    assert f"initialized from {run_dir[0]}" in out
+    base = load_checkpoint(run_dir[0])
+    tuned = load_checkpoint(tmp_path / "ft")
+    assert tuned.model_config == base.model_config and tuned.tokenizer.vocab_size == base.tokenizer.vocab_size
+    status, _, err = call(capsys, "train", "--out", tmp_path / "ft1", "--init-from", run_dir[0], *argv, "--lr", 1e-12)
+    assert status == 0, err  # a step of lr 1e-12: the weights are the run's
+    tuned = load_checkpoint(tmp_path / "ft1").model.state_dict()
+    for name, w in base.model.state_dict().items():
+        torch.testing.assert_close(tuned[name], w, atol=1e-8, rtol=0)
+    status, _, err = call(capsys, "train", "--out", tmp_path / "ft2", "--init-from", run_dir[0], "--n-layers", 2)
+    assert status == 1 and "n_layers" in err and "--n-layers" in err and len(err.strip().splitlines()) == 1
+    status, _, err = call(capsys, "train", "--out", tmp_path / "ft", "--resume", "--init-from", run_dir[0])
+    assert status == 1 and "--init-from" in err
+    status, _, err = call(capsys, "train", "--out", tmp_path / "ft3", "--init-from", tmp_path / "nothing")
+    assert status == 1 and "neither" in err
+
+
+@needs_hf_tokenizer
+def test_train_init_from_hf_folder(capsys, tmp_path, shakespeare_path):
+    text = Path(shakespeare_path).read_text(encoding="utf-8")[:5000]
+    folder = _hf_folder(tmp_path, text)
+    data = tmp_path / "t.txt"
+    data.write_text(text, encoding="utf-8")
+    argv = ["--data", data, "--max-iters", 2, "--eval-interval", 1, "--eval-iters", 1, "--batch-size", 2]
+    argv += ["--sample-tokens", 0]
+    status, out, err = call(capsys, "train", "--out", tmp_path / "ft", "--init-from", folder, *argv)
+    assert status == 0, err
+    assert load_checkpoint(tmp_path / "ft").model_config.n_layers == 1
+
+
+def test_ctrl_c_names_the_checkpoint_and_the_resume_command(capsys, tmp_path, monkeypatch, shakespeare_path):
+    from gptbook.train import Trainer
+
+    step = Trainer.train_step
+
+    def interrupted(self):
+        if self.step == 3:
+            raise KeyboardInterrupt
+        return step(self)
+
+    monkeypatch.setattr(Trainer, "train_step", interrupted)
+    out = tmp_path / "run"
+    status, _, err = call(capsys, "train", "--out", out, *TINY, "--max-iters", 10, "--eval-interval", 2)
+    assert status == 130
+    assert f"the last checkpoint is {out / 'ckpt_0000002'}" in err
+    assert f"gptbook train --out {out} --resume" in err

@@ -425,3 +425,21 @@ def test_run_config_errors(tmp_path):
 
 def test_one_process_ranks():
     assert init_distributed() == Ranks(0, 0, 1) == Ranks()
+
+
+def test_feedback_header_summary_and_state(chars, tmp_path, capsys):
+    "A run says what it trains and where, a line every 10% without a terminal, and how it ended."
+    import gptbook
+
+    cfg = tiny_cfg(tmp_path / "run", max_iters=20, eval_interval=10).replace(progress=True)
+    train(cfg, tiny_config(), data=chars)
+    out = capsys.readouterr().out
+    for text in ("parameters on cpu in float32", "tokens per step", "(fresh)", "best val loss", "metrics: "):
+        assert text in out, text
+    assert "step 2/20 (10%): loss" in out and "step 18/20 (90%)" in out  # pytest's stderr is no terminal
+    assert f"sample: gptbook sample --out {tmp_path / 'run'}" in out
+    state = json.loads((tmp_path / "run" / "ckpt_0000020" / "state.json").read_text())
+    assert state["gptbook_version"] == gptbook.__version__
+    assert state["val_loss"] == read_metrics(tmp_path / "run")[-1]["val_loss"]
+    train(cfg.replace(max_iters=30), resume=True, data=chars)
+    assert "resuming from step 20" in capsys.readouterr().out
