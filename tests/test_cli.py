@@ -367,12 +367,6 @@ def test_damaged_checkpoint_is_one_line_naming_the_file(capsys, run_dir, tmp_pat
 
 # --- issue 13: eval, tokenizer train, sample RUN / --hf / --nanogpt, train --init-from ---------------------------
 
-from gptbook.tokenizer import BPETokenizer  # noqa: E402
-
-needs_hf_tokenizer = pytest.mark.skipif(
-    not hasattr(BPETokenizer, "from_hf"), reason="BPETokenizer.from_hf is not merged yet"
-)
-
 
 def _numbers(out: str) -> tuple[float, float, float]:
     "loss, perplexity and bits/char from the output of `gptbook eval`."
@@ -454,23 +448,23 @@ def test_sample_nanogpt_needs_a_tokenizer(capsys, tmp_path):
 def _hf_folder(tmp_path, text: str) -> Path:
     "A tiny Hugging Face GPT-2 with a byte-level BPE tokenizer trained on `text`, saved as from_pretrained reads it."
     from tokenizers import ByteLevelBPETokenizer
-    from transformers import GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast
+    from transformers import GPT2Config, GPT2LMHeadModel
 
     folder = tmp_path / "hf"
     folder.mkdir()
+    from tokenizers.pre_tokenizers import ByteLevel
+    from tokenizers.trainers import BpeTrainer
+
     bpe = ByteLevelBPETokenizer()
-    bpe.train_from_iterator([text], vocab_size=300, min_frequency=1, show_progress=False)
-    bpe.save_model(str(folder))
-    GPT2TokenizerFast(vocab_file=str(folder / "vocab.json"), merges_file=str(folder / "merges.txt")).save_pretrained(
-        folder
-    )
+    trainer = BpeTrainer(vocab_size=300, min_frequency=1, show_progress=False, initial_alphabet=ByteLevel.alphabet())
+    bpe._tokenizer.train_from_iterator([text], trainer=trainer)  # all 256 byte tokens, as GPT-2's vocabulary has
+    bpe.save(str(folder / "tokenizer.json"))  # the tokenizers library's own file, as the hub holds it
     torch.manual_seed(0)
     config = GPT2Config(vocab_size=bpe.get_vocab_size(), n_positions=32, n_embd=32, n_layer=1, n_head=2)
     GPT2LMHeadModel(config).save_pretrained(folder, safe_serialization=True)
     return folder
 
 
-@needs_hf_tokenizer
 def test_sample_hf_folder(capsys, tmp_path, shakespeare_path):
     folder = _hf_folder(tmp_path, Path(shakespeare_path).read_text(encoding="utf-8")[:5000])
     status, out, err = call(capsys, "sample", "--hf", folder, "--prompt", "ROMEO:", "--max-new-tokens", 5)
@@ -503,7 +497,6 @@ def test_train_init_from_a_run(capsys, run_dir, shakespeare_path, tmp_path):
     assert status == 1 and "neither" in err
 
 
-@needs_hf_tokenizer
 def test_train_init_from_hf_folder(capsys, tmp_path, shakespeare_path):
     text = Path(shakespeare_path).read_text(encoding="utf-8")[:5000]
     folder = _hf_folder(tmp_path, text)
