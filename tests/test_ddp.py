@@ -96,7 +96,8 @@ def test_two_processes_equal_one_with_the_same_global_batch(tmp_path, shakespear
             str(two),
         ]
     )
-    assert r.stdout.count("step 12:") == 1, "only rank 0 prints"
+    assert r.stdout.count("step 12: train loss") == 1, "only rank 0 prints"
+    assert r.stdout.count("done in ") == 1, "only rank 0 prints the closing summary"
 
     m1, m2 = read_metrics(one), read_metrics(two)
     assert [r["iter"] for r in m1] == [r["iter"] for r in m2] == [0, 4, 8, 12]
