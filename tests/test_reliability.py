@@ -29,17 +29,9 @@ ROOT = Path(__file__).resolve().parents[1]
 T = ["--eval-iters", "2", "--n-layers", "1", "--d-model", "32", "--n-heads", "2", "--device", "cpu", "--no-progress"]
 T += ["--sample-tokens", "0", "--max-seq-len", "32", "--batch-size", "4"]
 
+from test_cli import call  # noqa: E402  (run `gptbook *argv` in this process: one helper for both files)
+
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
-
-
-def call(capsys, *argv):
-    "Run `gptbook *argv` in this process; returns (status, stdout, stderr)."
-    try:
-        status = main([str(a) for a in argv])
-    except SystemExit as e:
-        status = e.code
-    out = capsys.readouterr()
-    return status, out.out, out.err
 
 
 def one_line_error(status, err, *texts):
