@@ -1,0 +1,295 @@
+"""Benchmark (not a test): the figures the book's `#| cuda` cells claim, measured in one run on one CUDA GPU.
+
+Sections, each one key of bench/results/gpu.json (about 6-8 minutes in all on an H100-class GPU):
+  attention   the chapter-3 manual attention (a materialized T x T score matrix) against the fused
+              F.scaled_dot_product_attention, bfloat16, GPT-2 head shapes (batch 4, 12 heads, d_k 64),
+              forward only, T = 1,024 ... 8,192: ms per call and peak extra memory
+  throughput  GPT-2 small training steps (forward, backward, fused AdamW), bfloat16 autocast, context 1,024,
+              with and without torch.compile: ms/step, tokens/s and MFU against the GPU's dense bf16 peak
+  nanogpt     nanoGPT's train.py at the same configuration and on the same random tokens (a checkout passed
+              with --nanogpt, its files extracted into bench/.work/, never into the repository)
+  char_run    GPT-2 small on Tiny Shakespeare characters (context 256, batch 64, dropout 0.2, lr 6e-4 with
+              warmup 200 and beta2 0.95: chapter 8's `#| cuda` cell) to 5,000 steps: validation curve, wall time
+
+usage:
+    python bench/gpu.py                         # every section on cuda; writes bench/results/gpu.json
+    python bench/gpu.py --nanogpt PATH          # with nanoGPT's train.py side by side
+    python bench/gpu.py --only attention        # some sections (the others keep their stored results)
+    python bench/gpu.py --dry-run --out X.json  # tiny sizes on the CPU: proves the script runs (what CI does)
+"""
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from gptbook.attention import causal_mask, scaled_dot_product_attention
+from gptbook.model import GPT, GPTConfig
+from gptbook.train import TrainConfig, make_optimizer, train
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results" / "gpu.json"
+SECTIONS = ("attention", "throughput", "nanogpt", "char_run")
+PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0, "L4": 121.0}
+FULL = {
+    "attention": {"batch": 4, "heads": 12, "d_k": 64, "seq_lens": [1024, 2048, 4096, 8192], "reps": 10},
+    "throughput": {"batch": 16, "seq_len": 1024, "steps": 30, "warmup": 10, "vocab_size": 50304},
+    "char_run": {"max_iters": 5000, "eval_interval": 500, "eval_iters": 100, "batch_size": 64},
+}
+DRY = {  # the same code paths at sizes a CPU runs in seconds
+    "attention": {"batch": 1, "heads": 2, "d_k": 16, "seq_lens": [64, 128], "reps": 2},
+    "throughput": {"batch": 2, "seq_len": 32, "steps": 3, "warmup": 1, "vocab_size": 96},
+    "char_run": {"max_iters": 20, "eval_interval": 10, "eval_iters": 2, "batch_size": 4},
+}
+DRY_MODEL = {"n_layers": 2, "n_heads": 2, "d_model": 32, "max_seq_len": 64}
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def measure(f, device: torch.device, reps: int) -> dict:
+    "Mean ms per call of f() after one warm-up call, and (on CUDA) the peak memory it allocates beyond what was there."
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated() if device.type == "cuda" else 0
+    f()
+    sync(device)
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        f()
+    sync(device)
+    ms = (time.perf_counter() - t0) * 1000 / reps
+    peak = (torch.cuda.max_memory_allocated() - base) / 2**20 if device.type == "cuda" else None
+    return {"ms": ms, "peak_extra_mib": peak}
+
+
+def peak_flops(device: torch.device, override_tflops: float | None) -> float | None:
+    "The GPU's dense bfloat16 peak in FLOP/s (from its name, or --peak-tflops); None when unknown (no MFU then)."
+    if override_tflops:
+        return override_tflops * 1e12
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((t * 1e12 for key, t in PEAK_BF16_TFLOPS.items() if key in name), None)
+
+
+def attention_row(T: int, device, dtype, sizes) -> dict:
+    "Manual against fused attention at one T: the (T, T) matrices the manual path writes are what the fused one saves."
+    shape = (sizes["batch"], sizes["heads"], T, sizes["d_k"])
+    q = torch.randn(shape, device=device, dtype=dtype)
+    k = torch.randn(shape, device=device, dtype=dtype)
+    v = torch.randn(shape, device=device, dtype=dtype)
+    mask = causal_mask(T, device=device)
+    with torch.no_grad():
+        manual = measure(lambda: scaled_dot_product_attention(q, k, v, mask), device, sizes["reps"])
+        fused = measure(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), device, sizes["reps"])
+    return {"seq_len": T, "manual": manual, "fused": fused, "speedup": manual["ms"] / fused["ms"]}
+
+
+def bench_attention(device, dtype, sizes) -> list[dict]:
+    rows = []
+    for T in sizes["seq_lens"]:
+        rows.append(attention_row(T, device, dtype, sizes))
+        print(f"attention T={T:>5}: manual {rows[-1]['manual']['ms']:8.2f} ms, fused {rows[-1]['fused']['ms']:8.2f} ms")
+    return rows
+
+
+def throughput_config(dry: bool, vocab_size: int, seq_len: int) -> GPTConfig:
+    if dry:
+        return GPTConfig(vocab_size=vocab_size, **{**DRY_MODEL, "max_seq_len": seq_len})
+    return GPTConfig.gpt2_small(vocab_size=vocab_size, max_seq_len=seq_len)
+
+
+def time_training(config, device, dtype, sizes, compile_model: bool, peak) -> dict:
+    "ms per optimizer step (forward, backward, AdamW) on random tokens after `warmup` steps; tokens/s and MFU."
+    torch.manual_seed(0)
+    model = GPT(config).to(device)
+    opt = make_optimizer(model, lr=6e-4, device_type=device.type)
+    run = torch.compile(model) if compile_model else model
+    x = torch.randint(0, config.vocab_size, (sizes["batch"], sizes["seq_len"] + 1), device=device)
+    idx, targets = x[:, :-1], x[:, 1:]
+
+    def step():
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+            _, loss = run(idx, targets=targets)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for _ in range(sizes["warmup"]):  # compilation happens here, outside the timing
+        step()
+    r = measure(step, device, sizes["steps"])
+    tokens_per_sec = idx.numel() * 1000 / r["ms"]
+    mfu = model.mfu(tokens_per_sec, peak, seq_len=sizes["seq_len"]) if peak else None
+    return {"ms_per_step": r["ms"], "tokens_per_sec": tokens_per_sec, "mfu": mfu, "peak_mib": r["peak_extra_mib"]}
+
+
+def bench_throughput(device, dtype, sizes, peak, dry: bool) -> dict:
+    config = throughput_config(dry, sizes["vocab_size"], sizes["seq_len"])
+    out = {"params": GPT(config).num_params(), **sizes}
+    for compile_model in (False, True):
+        key = "compiled" if compile_model else "eager"
+        if compile_model and dry:
+            out[key] = None  # the CPU compile needs a C++ toolchain and minutes; the dry run checks the eager path
+            continue
+        out[key] = time_training(config, device, dtype, sizes, compile_model, peak)
+        print(f"throughput {key}: {out[key]['tokens_per_sec']:,.0f} tokens/s", flush=True)
+    return out
+
+
+def _bench_train_module():
+    "bench/train.py, which knows how to extract nanoGPT's files into bench/.work/ (loaded by path: `train` is taken)."
+    spec = importlib.util.spec_from_file_location("bench_train", ROOT / "bench" / "train.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def write_random_tokens(folder: Path, vocab_size: int, n: int = 2_000_000) -> None:
+    "Random token ids in nanoGPT's format (uint16 train.bin, val.bin; no meta.pkl, so it uses its own vocab size)."
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for split in ("train", "val"):
+        rng.integers(0, vocab_size, n, dtype=np.uint16).tofile(folder / f"{split}.bin")
+
+
+def nanogpt_command(sizes, device, dry: bool, compile_model: bool) -> list[str]:
+    shape = ["--n_layer=2", "--n_head=2", "--n_embd=32"] if dry else []  # nanoGPT's defaults are GPT-2 small
+    return [
+        sys.executable,
+        "train.py",
+        "--dataset=random",
+        f"--device={device.type}",
+        f"--dtype={'float32' if dry else 'bfloat16'}",
+        f"--compile={compile_model}",
+        f"--batch_size={sizes['batch']}",
+        f"--block_size={sizes['seq_len']}",
+        "--gradient_accumulation_steps=1",
+        f"--max_iters={sizes['warmup'] + sizes['steps']}",
+        "--eval_interval=100000",
+        "--eval_iters=1",
+        "--log_interval=1",
+        "--dropout=0.0",
+        "--bias=True",  # GPT-2's biases, as in our GPT-2 small (nanoGPT's default leaves them out)
+        "--always_save_checkpoint=False",
+        "--out_dir=out-gpu-bench",
+        *shape,
+    ]
+
+
+def bench_nanogpt(src: Path, device, sizes, peak, dry: bool) -> dict:
+    "nanoGPT's ms/iter after the same warm-up; MFU rescaled from its A100 figure (312 TFLOPS) to this GPU's peak."
+    dst = _bench_train_module()._extract_nanogpt(src)
+    write_random_tokens(dst / "data" / "random", sizes["vocab_size"], n=20_000 if dry else 2_000_000)
+    out = {}
+    for compile_model in (False, True):
+        key = "compiled" if compile_model else "eager"
+        if compile_model and dry:
+            out[key] = None
+            continue
+        cmd = nanogpt_command(sizes, device, dry, compile_model)
+        r = subprocess.run(cmd, capture_output=True, text=True, cwd=dst)
+        if r.returncode != 0:
+            raise SystemExit(f"nanoGPT train.py failed:\n{r.stderr[-3000:]}")
+        its = re.findall(r"^iter (\d+): loss [\d.]+, time ([\d.]+)ms, mfu (-?[\d.]+)%", r.stdout, re.M)
+        steady = [(float(ms), float(mfu)) for i, ms, mfu in its if int(i) > sizes["warmup"]]
+        ms = statistics.mean(t for t, _ in steady)
+        a100_mfu = statistics.mean(m for _, m in steady[-5:]) / 100  # its running estimate, last iterations
+        tokens_per_sec = sizes["batch"] * sizes["seq_len"] * 1000 / ms
+        mfu = a100_mfu * 312e12 / peak if peak and a100_mfu > 0 else None
+        out[key] = {"ms_per_step": ms, "tokens_per_sec": tokens_per_sec, "mfu": mfu}
+        print(f"nanoGPT {key}: {tokens_per_sec:,.0f} tokens/s", flush=True)
+    return out
+
+
+def bench_char_run(device, sizes, dry: bool, out_dir: Path) -> dict:
+    "Chapter 8's GPU run: GPT-2 small on characters; the whole validation curve and the wall time."
+    overrides = DRY_MODEL if dry else {"max_seq_len": 256, "dropout": 0.2}
+    cfg = TrainConfig(
+        out_dir=str(out_dir),
+        preset="baby" if dry else "gpt2-small",
+        model_overrides=overrides,
+        batch_size=sizes["batch_size"],
+        max_iters=sizes["max_iters"],
+        lr=6e-4,
+        warmup_iters=min(200, sizes["max_iters"] // 2),
+        beta2=0.95,
+        eval_interval=sizes["eval_interval"],
+        eval_iters=sizes["eval_iters"],
+        device=device.type,
+        compile=not dry,
+        progress=False,
+    )
+    t0 = time.perf_counter()
+    run = train(cfg, overwrite=True)
+    wall = time.perf_counter() - t0
+    curve = [(r["iter"], round(r["val_loss"], 4)) for r in run.history]
+    best = min(v for _, v in curve)
+    print(f"char run: best validation loss {best:.3f} in {wall:.0f} s", flush=True)
+    return {"config": cfg.to_dict(), "val_curve": curve, "best_val_loss": best, "wall_s": wall}
+
+
+def machine(device: torch.device) -> dict:
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    return {"gpu": gpu, "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version()}
+
+
+def run_sections(args, device, dtype, sizes, peak) -> dict:
+    res = {}
+    if "attention" in args.only:
+        res["attention"] = bench_attention(device, dtype, sizes["attention"])
+    if "throughput" in args.only:
+        res["throughput"] = bench_throughput(device, dtype, sizes["throughput"], peak, args.dry_run)
+    if "nanogpt" in args.only and args.nanogpt:
+        res["nanogpt"] = bench_nanogpt(args.nanogpt, device, sizes["throughput"], peak, args.dry_run)
+    if "char_run" in args.only:
+        with tempfile.TemporaryDirectory() as tmp:
+            res["char_run"] = bench_char_run(device, sizes["char_run"], args.dry_run, Path(tmp) / "run")
+    return res
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS), help="sections to run")
+    ap.add_argument("--nanogpt", type=Path, help="a nanoGPT checkout or bare git dir (never copied into the repo)")
+    ap.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU; writes only to --out")
+    ap.add_argument("--out", type=Path, help=f"where to write the JSON (default {RESULTS.relative_to(ROOT)})")
+    ap.add_argument("--peak-tflops", type=float, help="the GPU's dense bf16 peak, if its name is not in the table")
+    return ap.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    device = torch.device("cpu" if args.dry_run else "cuda")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("bench/gpu.py needs a CUDA GPU; use --dry-run to check it on a CPU")
+    if args.dry_run and args.out is None:
+        raise SystemExit("--dry-run writes only where --out says (the stored GPU results are never overwritten)")
+    os.environ.setdefault("GPTBOOK_DATA", str(ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"))
+    dtype = torch.float32 if args.dry_run else torch.bfloat16
+    peak = peak_flops(device, args.peak_tflops)
+    out = args.out or RESULTS
+    res = json.loads(out.read_text()) if out.is_file() and not args.dry_run else {}
+    res.update(run_sections(args, device, dtype, DRY if args.dry_run else FULL, peak))
+    res["machine"] = {**machine(device), "peak_bf16_flops": peak, "dry_run": args.dry_run}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=1) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
