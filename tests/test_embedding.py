@@ -5,10 +5,11 @@ import math
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 from torch import nn
 
-from gptbook.scratch.embedding import embed, init_embedding
+from gptbook.scratch.embedding import embed, init_embedding, param, params_of
 
 
 @settings(max_examples=30, deadline=None)
@@ -62,3 +63,33 @@ def test_weight_tying_saves_one_table():
     head.weight = wte.weight
     tied = sum(p.numel() for p in mods.parameters())
     assert untied - tied == 38_597_376 == vocab_size * d_model
+
+
+def test_one_hot_times_table_is_the_lookup():
+    "The chapter's small version: e_i W is row i of W, exactly, and nn.Embedding and embed return the same rows."
+    torch.manual_seed(0)
+    W = torch.randn(65, 4)
+    idx = torch.tensor([[32, 53, 1, 40, 43, 6]])
+    x = F.one_hot(idx, 65).float() @ W
+    wte = nn.Embedding(65, 4)
+    wte.weight.data.copy_(W)
+    assert torch.equal(x, W[idx]) and torch.equal(x, wte(idx).detach())
+    np.testing.assert_array_equal(embed(W.numpy(), idx.numpy()), x.numpy())
+
+
+def test_param_names_the_missing_key():
+    params = {"weight": np.zeros((3, 2))}
+    assert param(params, "weight") is params["weight"]
+    with pytest.raises(KeyError, match=r"no 'wte.weight' in params \(it has weight\): key the arrays like"):
+        param(params, "wte.weight")
+    many = {f"h.{i}.w": 0 for i in range(8)}
+    with pytest.raises(KeyError, match=r"\.\.\. \(8 in all\)"):
+        param(many, "x")
+    with pytest.raises(KeyError, match="it has nothing"):
+        param({}, "x")
+
+
+def test_params_of_strips_the_prefix_and_only_it():
+    params = {"ln_1.weight": 1, "ln_1.bias": 2, "ln_12.weight": 3, "wte.weight": 4}
+    assert params_of(params, "ln_1") == {"weight": 1, "bias": 2}
+    assert params_of(params, "ln_2") == {}
