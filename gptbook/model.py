@@ -272,6 +272,7 @@ class GPT(nn.Module):
         return model.to(pick_device(device) if isinstance(device, str) else device or "cpu").eval()
 
 # %% ../nbs/06_model.ipynb #bf0192dd
+#| code-fold: true
 def pick_device(device: str = "auto") -> torch.device:
     "`'auto'`: CUDA if present, else Apple's MPS, else the CPU; any other string goes to `torch.device`."
     if device == "auto":
