@@ -2,8 +2,8 @@
 
 Ablations. Small GPTs on Tiny Shakespeare characters, identical except for one switch, each trained from
 3 seeds: pre- vs post-norm; attention with and without the 1/sqrt(d_k) scale; learned, sinusoidal (as GPT
-adds it, and scaled to the embeddings' size), RoPE or no positions; GELU vs SwiGLU (same parameter count);
-LayerNorm vs RMSNorm; tied vs untied output head.
+adds it, scaled to the embeddings' size, and with the embeddings times sqrt(d_model)), RoPE or no positions;
+GELU vs SwiGLU (same parameter count); LayerNorm vs RMSNorm; tied vs untied output head.
 Every run uses the real trainer (`gptbook.train.Trainer`: AdamW, warmup + cosine, clipping). Within one
 seed every variant sees the same training batches, so a variant and the reference form a pair; the
 figure of merit is the cross-entropy on the whole validation split (every character predicted once).
@@ -73,7 +73,8 @@ SWIGLU_D_FF = round(8 * ABLATION_MODEL["d_model"] / 3)
 
 # variant name -> GPTConfig fields changed from the reference (GPT-2 style: pre-norm LayerNorm, learned
 # positions, GELU, tied head), whether attention drops the 1/sqrt(d_k) scale (no GPTConfig switch for it),
-# and a factor for the sinusoidal table (GPT adds it as it is: entries of size ~0.7 onto embeddings of 0.02)
+# and a factor for the sinusoidal table (GPT adds it as it is: entries of size ~0.7 onto embeddings of 0.02;
+# the 2017 remedy, embed_scale, multiplies the embeddings by sqrt(d_model) instead)
 PE_MATCHED = 0.02 * math.sqrt(2)  # a sinusoidal row has mean square 1/2: this factor makes its rms 0.02
 VARIANTS = {
     "reference": dict(model={}, unscaled=False),
@@ -81,6 +82,7 @@ VARIANTS = {
     "unscaled": dict(model={}, unscaled=True),
     "sinusoidal": dict(model={"positions": "sinusoidal"}, unscaled=False),
     "sinusoidal_small": dict(model={"positions": "sinusoidal"}, unscaled=False, pe_scale=PE_MATCHED),
+    "sinusoidal_embed_scale": dict(model={"positions": "sinusoidal", "embed_scale": True}, unscaled=False),
     "rope": dict(model={"positions": "rope"}, unscaled=False),
     "no_positions": dict(model={"positions": "none"}, unscaled=False),
     "swiglu": dict(model={"ffn": "swiglu", "d_ff": SWIGLU_D_FF}, unscaled=False),
@@ -103,6 +105,7 @@ ABLATIONS = [
             ("learned", "reference"),
             ("sinusoidal", "sinusoidal"),
             ("sinusoidal × 0.028", "sinusoidal_small"),
+            ("sinusoidal, embed_scale", "sinusoidal_embed_scale"),
             ("RoPE", "rope"),
             ("none", "no_positions"),
         ],

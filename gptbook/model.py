@@ -21,6 +21,7 @@ from .options import OptionError, Options, option
 from .positions import LearnedPositions, PositionKind, make_positions
 
 # %% ../nbs/06_model.ipynb #2c92c3b3
+#| code-fold: true
 PRESETS = ("baby", "gpt2-small", "llama-style")
 
 
@@ -49,6 +50,9 @@ class GPTConfig(Options):
     )
     norm_eps: float = option(1e-5, "epsilon inside the norms (GPT-2: 1e-5; Llama: 1e-5 or 1e-6)", min=0, min_open=True)
     use_sdpa: bool = option(True, "fused F.scaled_dot_product_attention; false = the manual attention")
+    embed_scale: bool = option(
+        False, "multiply token embeddings by sqrt(d_model) before adding positions (the 2017 transformer)"
+    )
 
     def check(self) -> None:
         "The rules between fields: the attention heads' (check_heads), then the table _GPT_RULES."
@@ -170,6 +174,7 @@ class GPT(nn.Module):
         # pre-norm leaves the stream un-normalized; post-norm blocks already end in a norm
         self.ln_f = make_norm(c.norm, c.d_model, c.norm_eps, c.bias) if c.norm_position == "pre" else nn.Identity()
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        self.embed_mult = math.sqrt(c.d_model) if c.embed_scale else 1.0  # a plain float: nothing in the state_dict
         if c.tie_weights:
             self.lm_head.weight = self.wte.weight  # one matrix, two uses
         self.reset_parameters()
@@ -192,29 +197,32 @@ class GPT(nn.Module):
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: list | None = None):
         "Logits (B, T, vocab_size) for token ids idx (B, T); with targets (B, T), (logits, lm_loss)."
+        self._check_inputs(idx, targets, cache)
+        start = 0 if cache is None else cache[0].pos  # positions continue after what the cache holds
+        x = self.wte(idx) * self.embed_mult  # (B, T, d_model); embed_mult: sqrt(d_model) with embed_scale, else 1
+        x, rope = self.wpe(x, start)  # positions added; RoPE's (cos, sin) for attention, or None
+        x = self.drop(x)
+        for i, blk in enumerate(self.blocks):
+            x = blk(x, rope=rope, cache=None if cache is None else cache[i])  # (B, T, d_model)
+        logits = self.lm_head(self.ln_f(x))  # (B, T, vocab_size)
+        return logits if targets is None else (logits, lm_loss(logits, targets))
+
+    def _check_inputs(self, idx, targets, cache) -> None:
+        "Ids in the vocabulary, (B, T) shapes, targets shaped like idx, one cache entry per block."
         _check_ids(idx, self.config.vocab_size, "idx")
         if idx.dim() != 2:
             raise ValueError(f"idx must be (B, T) token ids, got shape {tuple(idx.shape)}")
         if targets is not None:
             _check_ids(targets, self.config.vocab_size, "targets", ignore_index=-100)  # -100: cross_entropy's "skip"
+            if targets.shape != idx.shape:
+                raise ValueError(
+                    f"targets must have the shape of idx, (B, T) = {tuple(idx.shape)}, got {tuple(targets.shape)}: "
+                    "targets[b, t] is the token that follows idx[b, t]"
+                )
         if cache is not None and len(cache) != len(self.blocks):
             raise ValueError(
                 f"cache has {len(cache)} layers but the model has {len(self.blocks)}: use model.make_cache(...)"
             )
-        start = 0 if cache is None else cache[0].pos  # positions continue after what the cache holds
-        x, rope = self.wpe(self.wte(idx), start)  # (B, T, d_model); RoPE's (cos, sin) for attention, or None
-        x = self.drop(x)
-        for i, blk in enumerate(self.blocks):
-            x = blk(x, rope=rope, cache=None if cache is None else cache[i])  # (B, T, d_model)
-        logits = self.lm_head(self.ln_f(x))  # (B, T, vocab_size)
-        if targets is None:
-            return logits
-        if targets.shape != idx.shape:
-            raise ValueError(
-                f"targets must have the shape of idx, (B, T) = {tuple(idx.shape)}, got {tuple(targets.shape)}: "
-                "targets[b, t] is the token that follows idx[b, t]"
-            )
-        return logits, lm_loss(logits, targets)
 
     def make_cache(self, batch_size: int, max_seq_len: int | None = None, device=None, dtype=None) -> list:
         "One empty KVCache per block for max_seq_len positions (default: the config's), on the model's device, dtype."
@@ -264,6 +272,7 @@ class GPT(nn.Module):
         return model.to(pick_device(device) if isinstance(device, str) else device or "cpu").eval()
 
 # %% ../nbs/06_model.ipynb #bf0192dd
+#| code-fold: true
 def pick_device(device: str = "auto") -> torch.device:
     "`'auto'`: CUDA if present, else Apple's MPS, else the CPU; any other string goes to `torch.device`."
     if device == "auto":

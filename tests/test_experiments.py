@@ -210,6 +210,18 @@ def test_build_model_variants():
     assert abs(ratio - 1) < 0.01
 
 
+def test_embed_scale_variant_differs_from_sinusoidal_by_the_switch_only(results):
+    "The 2017 remedy: the sinusoidal variant's model, weights and all, with embed_scale on; its runs are stored."
+    plain, scaled = E.build_model("sinusoidal", 65, 1), E.build_model("sinusoidal_embed_scale", 65, 1)
+    assert scaled.config == plain.config.replace(embed_scale=True) and not plain.config.embed_scale
+    assert all(torch.equal(p, q) for p, q in zip(plain.state_dict().values(), scaled.state_dict().values()))
+    idx = torch.randint(0, 65, (1, 8))
+    with torch.no_grad():
+        assert not torch.allclose(plain(idx), scaled(idx))
+    rows = {r["variant"]: r for r in next(a for a in results["ablations"] if a["name"] == "positions")["rows"]}
+    assert rows["sinusoidal_embed_scale"]["seeds"] == rows["sinusoidal"]["seeds"] == results["setup"]["seeds"]
+
+
 def test_bits_per_char_against_a_direct_count():
     "Two characters per token, each token predicted with probability 1/4: 2 bits per token, 1 bit per character."
     tokens = ["ab", "cd", "ef"]

@@ -459,3 +459,67 @@ def test_empty_input_gives_empty_logits_on_both_sides():
     assert npm.forward(params, np.zeros((2, 0), dtype=np.int64), cfg).shape == (2, 0, 65)
     assert tuple(model(torch.zeros(2, 0, dtype=torch.long)).shape) == (2, 0, 65)
     assert embed(np.zeros((5, 3)), []).shape == (0, 3)
+
+
+# ------------------------------------------------------------------ embed_scale (the 2017 remedy for sinusoids)
+
+
+def _manual_logits(m, idx, scale):
+    "wte(idx) * scale + the position table, the blocks, ln_f, the head: the forward pass written out."
+    x = m.wte(idx) * scale
+    if m.config.positions == "learned":
+        x = x + m.wpe.weight[: idx.shape[1]]
+    else:
+        x = x + m.wpe.pe[: idx.shape[1]]
+    for blk in m.blocks:
+        x = blk(x)
+    return m.lm_head(m.ln_f(x))
+
+
+@pytest.mark.parametrize("positions", ["learned", "sinusoidal"])
+def test_embed_scale_multiplies_the_token_embeddings_only(positions):
+    torch.manual_seed(0)
+    off = randomize(GPT(GPTConfig(**TINY, positions=positions)), 0.2).eval()
+    assert off.config.embed_scale is False  # the default: GPT-2's forward, unchanged
+    on = GPT(GPTConfig(**TINY, positions=positions, embed_scale=True)).eval()
+    assert on.state_dict().keys() == off.state_dict().keys()  # no new tensor: the same checkpoints
+    on.load_state_dict(off.state_dict())
+    idx = torch.randint(0, 37, (2, 16))
+    with torch.no_grad():
+        torch.testing.assert_close(off(idx), _manual_logits(off, idx, 1.0), rtol=0, atol=1e-6)
+        torch.testing.assert_close(on(idx), _manual_logits(on, idx, math.sqrt(16)), rtol=0, atol=1e-6)
+        assert (on(idx) - off(idx)).abs().max() > 1e-2  # the switch does something
+
+
+@pytest.mark.parametrize("positions", ["learned", "sinusoidal", "rope"])
+def test_numpy_forward_matches_torch_with_embed_scale(positions):
+    cfg = GPTConfig(**TINY, positions=positions, embed_scale=True)
+    torch.manual_seed(0)
+    m = randomize(GPT(cfg)).double()
+    idx = torch.randint(0, 37, (2, 11))
+    ours = npm.forward(numpy_params(m), idx.numpy(), cfg)
+    np.testing.assert_allclose(ours, m(idx).detach().numpy(), rtol=0, atol=1e-9)
+    np.testing.assert_allclose(npm.forward(numpy_params(m), idx.numpy(), cfg.to_dict()), ours, rtol=0, atol=0)
+    plain = npm.forward(numpy_params(m), idx.numpy(), cfg.replace(embed_scale=False))
+    assert np.abs(plain - ours).max() > 1e-2
+
+
+def test_configs_written_before_embed_scale_still_load(tmp_path):
+    "A run's config from before the field existed has no embed_scale key: it reads back as False, everywhere."
+    from gptbook.checkpoint import save_checkpoint
+
+    cfg = GPTConfig(**TINY, positions="sinusoidal")
+    old = {k: v for k, v in cfg.to_dict().items() if k != "embed_scale"}
+    assert "embed_scale" not in old and GPTConfig.from_dict(old) == cfg
+    torch.manual_seed(0)
+    m = randomize(GPT(cfg), 0.2).eval()
+    folder = save_checkpoint(tmp_path, 1, m, meta={"model_config": old})
+    back = GPT.from_checkpoint(folder)
+    assert back.config.embed_scale is False
+    idx = torch.randint(0, 37, (1, 16))
+    with torch.no_grad():
+        torch.testing.assert_close(back(idx), m(idx), rtol=0, atol=0)
+    params = numpy_params(m.double())
+    np.testing.assert_allclose(
+        npm.forward(params, idx.numpy(), old), m(idx).detach().numpy(), rtol=0, atol=1e-9
+    )  # the NumPy mirror reads an old config dict too

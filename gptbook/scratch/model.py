@@ -29,19 +29,22 @@ _FIELDS = (  # the GPTConfig fields the forward pass reads; the sizes come from 
     "rope_base",
     "norm_eps",
 )
+_DEFAULTS = {"embed_scale": False}  # fields added later: a config written before them reads as their default
 
 
 def _config(config) -> SimpleNamespace:
     "The fields forward reads, from a GPTConfig or from the dict GPTConfig.to_dict() writes."
     fields = {}
-    for name in _FIELDS:
+    for name in (*_FIELDS, *_DEFAULTS):
         try:
             fields[name] = config[name] if isinstance(config, dict) else getattr(config, name)
         except (KeyError, AttributeError):
-            raise ValueError(f"config has no field {name!r}: pass a GPTConfig or its to_dict()") from None
+            if name not in _DEFAULTS:
+                raise ValueError(f"config has no field {name!r}: pass a GPTConfig or its to_dict()") from None
+            fields[name] = _DEFAULTS[name]
     return SimpleNamespace(**fields)
 
-
+# %% ../../nbs/06_model.ipynb #6383b73f
 def forward(params: dict, idx, config) -> np.ndarray:
     "Logits (B, T, vocab_size) of the GPT `config` describes; params: NumPy arrays keyed like GPT.state_dict()."
     c = _config(config)
@@ -51,7 +54,8 @@ def forward(params: dict, idx, config) -> np.ndarray:
     wte = param(params, "wte.weight")  # (vocab_size, d_model)
     if idx.size == 0:
         return np.zeros((*idx.shape, c.vocab_size), wte.dtype)  # no tokens, no logits (as the torch model)
-    x, rope = make_positions(params_of(params, "wpe"), c)(embed(wte, idx))  # (B, T, d_model), RoPE or None
+    x = embed(wte, idx) * (np.sqrt(c.d_model) if c.embed_scale else 1.0)  # (B, T, d_model)
+    x, rope = make_positions(params_of(params, "wpe"), c)(x)  # positions added; RoPE's tables, or None
     for i in range(c.n_layers):
         blk = params_of(params, f"blocks.{i}")
         x = block(blk, x, c.n_heads, c.n_kv_heads, c.norm, c.norm_position, c.ffn, c.norm_eps, rope)
