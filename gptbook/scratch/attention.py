@@ -39,6 +39,7 @@ def causal_mask(T_q: int, T_k: int | None = None) -> np.ndarray:
     return np.tril(np.ones((T_q, T_k), dtype=bool), k=T_k - T_q)
 
 # %% ../../nbs/03_attention.ipynb #dc0b4c70
+#| code-fold: true
 def check_heads(d_model: int, n_heads: int, n_kv_heads: int) -> None:
     "Raise ValueError unless n_heads divides d_model and n_kv_heads divides n_heads."
     if d_model % n_heads:
