@@ -267,3 +267,54 @@ def test_make_positions_refuses_unknown_kinds():
         NP.make_positions({}, _config("alibi"))
     with pytest.raises(KeyError, match="no 'weight' in params"):
         NP.make_positions({"wpe.weight": np.zeros((16, 8))}, _config("learned"))(np.zeros((1, 2, 8)))
+
+
+def test_rope_angles_match_transformers_llama_rotary_embedding():
+    "The angle tables against transformers' own LlamaRotaryEmbedding (each angle repeated over both halves)."
+    llama = pytest.importorskip("transformers.models.llama.modeling_llama")
+    from transformers import LlamaConfig
+
+    hd, T = 16, 40
+    config = LlamaConfig(hidden_size=2 * hd, num_attention_heads=2, head_dim=hd, max_position_embeddings=T)
+    try:
+        rotary = llama.LlamaRotaryEmbedding(config)
+    except TypeError:  # transformers before 4.45: LlamaRotaryEmbedding(dim, max_position_embeddings, base)
+        rotary = llama.LlamaRotaryEmbedding(hd, T, 10000.0)
+    cos_hf, sin_hf = rotary(torch.zeros(1, T, hd), torch.arange(T)[None])
+    cos, sin = P.rope_angles(T, hd)
+    torch.testing.assert_close(cos_hf[0], torch.cat([cos, cos], -1), atol=1e-5, rtol=0)
+    torch.testing.assert_close(sin_hf[0], torch.cat([sin, sin], -1), atol=1e-5, rtol=0)
+
+
+def _diagonal_spread(S):
+    return max((S.diagonal(o).max() - S.diagonal(o).min()).item() for o in range(1 - len(S), len(S)))
+
+
+def test_rope_score_matrix_is_toeplitz_and_added_positions_are_not():
+    "Fixed q and k at every position: RoPE's scores depend on i - j only; an added position table's do not."
+    torch.manual_seed(0)
+    T, hd = 24, 32
+    q, k = torch.randn(hd, dtype=torch.float64), torch.randn(hd, dtype=torch.float64)
+    cos, sin = P.rope_angles(T, hd, dtype=torch.float64)
+    rope = P.apply_rope(q.expand(T, -1), cos, sin) @ P.apply_rope(k.expand(T, -1), cos, sin).T
+    assert _diagonal_spread(rope) < 1e-10
+    assert rope.std() > 1  # not constant: the scores do change with the distance
+    table = torch.randn(T, hd, dtype=torch.float64)
+    assert _diagonal_spread((q + table) @ (k + table).T) > 1
+    pe = P.sinusoidal_table(T, hd).double()
+    assert _diagonal_spread((q + pe) @ (k + pe).T) > 1
+    assert _diagonal_spread(pe @ pe.T) < 1e-5  # the table alone is Toeplitz: the content terms break it
+
+
+def test_rope_mean_score_of_same_content_decays_with_distance():
+    "E[(R_0 q) . (R_s q)] = sum_k 2 cos(s theta_k): head_dim at 0, and far lower at long distance."
+    torch.manual_seed(0)
+    hd, n = 64, 4000
+    qs = torch.randn(n, 1, hd, dtype=torch.float64)
+    cos, sin = P.rope_angles(1001, hd, dtype=torch.float64)
+    theta = 10000.0 ** (-torch.arange(0, hd, 2, dtype=torch.float64) / hd)
+    for s in [0, 10, 1000]:
+        measured = (qs * P.apply_rope(qs, cos[s : s + 1], sin[s : s + 1])).sum(-1).mean().item()
+        expected = 2 * torch.cos(s * theta).sum().item()
+        assert abs(measured - expected) < 1.5, (s, measured, expected)
+    assert 2 * torch.cos(1000 * theta).sum() < 0.5 * hd

@@ -13,6 +13,7 @@ import numpy as np
 from .embedding import param
 
 # %% ../../nbs/04_positions.ipynb #63bca665
+#| code-fold: true
 def learned_positions(table: np.ndarray, T: int, start: int = 0) -> np.ndarray:
     "Rows start..start+T-1 of a learned (max_seq_len, d_model) position table."
     max_seq_len = table.shape[0]
@@ -30,6 +31,16 @@ def _check_even(name: str, value: int):
         raise ValueError(f"{name}={value} is odd: sin/cos and RoPE work on pairs of dimensions, use an even {name}")
 
 
+def _check_rope_shapes(x, cos, sin):
+    T, d = x.shape[-2], x.shape[-1]
+    if cos.shape != sin.shape or cos.shape[-1] * 2 != d or cos.shape[-2] != T:
+        raise ValueError(
+            f"x has T={T}, head_dim={d}, so cos and sin must be ({T}, {d // 2}); got "
+            f"cos {tuple(cos.shape)}, sin {tuple(sin.shape)}: slice the tables to the positions of x"
+        )
+
+# %% ../../nbs/04_positions.ipynb #3d428cdb
+#| code-fold: true
 def sinusoidal_table(max_seq_len: int, d_model: int, base: float = 10000.0) -> np.ndarray:
     "Fixed (max_seq_len, d_model) float32 table: PE[p, 2i] = sin(p / base^(2i/d_model)), PE[p, 2i+1] = cos(...)."
     _check_even("d_model", d_model)
@@ -41,6 +52,7 @@ def sinusoidal_table(max_seq_len: int, d_model: int, base: float = 10000.0) -> n
     return pe.astype(np.float32)
 
 # %% ../../nbs/04_positions.ipynb #1a682363
+#| code-fold: true
 def rope_angles(max_seq_len: int, head_dim: int, base: float = 10000.0, dtype=np.float32):
     "(cos, sin), each (max_seq_len, head_dim // 2), of the angles p * base^(-2k / head_dim)."
     _check_even("head_dim", head_dim)
@@ -48,15 +60,6 @@ def rope_angles(max_seq_len: int, head_dim: int, base: float = 10000.0, dtype=np
     theta = base ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)  # (head_dim/2,)
     angle = p * theta  # (T, head_dim/2)
     return np.cos(angle).astype(dtype), np.sin(angle).astype(dtype)
-
-
-def _check_rope_shapes(x, cos, sin):
-    T, d = x.shape[-2], x.shape[-1]
-    if cos.shape != sin.shape or cos.shape[-1] * 2 != d or cos.shape[-2] != T:
-        raise ValueError(
-            f"x has T={T}, head_dim={d}, so cos and sin must be ({T}, {d // 2}); got "
-            f"cos {tuple(cos.shape)}, sin {tuple(sin.shape)}: slice the tables to the positions of x"
-        )
 
 
 def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
@@ -70,6 +73,7 @@ def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     return out
 
 # %% ../../nbs/04_positions.ipynb #15061fda
+#| code-fold: true
 def apply_rope_halves(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     "RoPE with split-halves pairing (k, k + head_dim/2), as in Hugging Face Llama."
     _check_rope_shapes(x, cos, sin)
@@ -85,6 +89,7 @@ def rope_halves_to_interleaved(head_dim: int) -> np.ndarray:
     return np.arange(head_dim).reshape(2, head_dim // 2).T.reshape(-1)
 
 # %% ../../nbs/04_positions.ipynb #22aded5c
+#| code-fold: true
 def _learned(params, config, x, start=0):
     return x + learned_positions(param(params, "weight"), x.shape[-2], start), None  # (..., T, d_model)
 
