@@ -26,8 +26,8 @@ from .tokenizer import GPT2_PATTERN, BPETokenizer, load_tokenizer
 from .train import TrainConfig, TrainingDiverged, checkpoint_tokenizer, load_run_config, train
 
 # %% auto #0
-__all__ = ['UNSET', 'FIXED_ON_RESUME', 'SAMPLE_DEFAULTS', 'add_options', 'given', 'config_from_args', 'sampling_config_from_args',
-           'text_nats', 'build_parser', 'main']
+__all__ = ['UNSET', 'FIXED_ON_RESUME', 'FIXED_BY_WEIGHTS', 'SAMPLE_DEFAULTS', 'add_options', 'given', 'config_from_args',
+           'sampling_config_from_args', 'text_nats', 'build_parser', 'main']
 
 # %% ../nbs/A4_cli.ipynb #04caae1e
 class _Parser(argparse.ArgumentParser):
@@ -141,6 +141,7 @@ FIXED_ON_RESUME = (
     "val_fraction",
     "init_from",
 )  # --data may move (its hash is checked)
+FIXED_BY_WEIGHTS = ("tokenizer", "bpe_vocab_size", "preset")  # what --init-from's model decides (model flags: train)
 
 
 def _add_train_args(p: argparse.ArgumentParser) -> dict[str, str]:
@@ -183,8 +184,21 @@ def config_from_args(args) -> tuple[TrainConfig, bool]:
     if args.config:
         saved, model = load_run_config(args.config)
         overrides = {**(model.to_dict() if model else saved.model_overrides), **model_given}
-        return saved.replace(**{**train_given, "model_overrides": overrides}), False
-    return TrainConfig(**train_given, model_overrides=model_given), False
+        cfg = saved.replace(**{**train_given, "model_overrides": overrides})
+    else:
+        cfg = TrainConfig(**train_given, model_overrides=model_given)
+    _check_init_from(cfg, train_given)
+    return cfg, False
+
+
+def _check_init_from(cfg: TrainConfig, train_given: dict) -> None:
+    "`--init-from` fixes the model and the tokenizer: a flag that would choose them is refused by name."
+    if cfg.init_from and (fixed := [k for k in train_given if k in FIXED_BY_WEIGHTS]):
+        names = ", ".join(_flag_of(k) for k in fixed)
+        raise ValueError(
+            f"--init-from {cfg.init_from} fixes the model and its tokenizer (the weights were trained with them): "
+            f"drop {names}"
+        )
 
 
 def _resume_config(args, train_given: dict, model_given: dict) -> TrainConfig:

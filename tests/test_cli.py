@@ -1,5 +1,6 @@
 """The `gptbook` command: help, one-line errors, train -> sample end to end, resume, sampling options."""
 
+import json
 import os
 import subprocess
 import sys
@@ -495,6 +496,28 @@ def test_train_init_from_a_run(capsys, run_dir, shakespeare_path, tmp_path):
     assert status == 1 and "--init-from" in err
     status, _, err = call(capsys, "train", "--out", tmp_path / "ft3", "--init-from", tmp_path / "nothing")
     assert status == 1 and "neither" in err
+
+
+@pytest.mark.parametrize(
+    "flags, named",
+    [
+        (["--tokenizer", "bpe"], "--tokenizer"),
+        (["--tokenizer", "char"], "--tokenizer"),  # even the default: the weights decide, not the flag
+        (["--preset", "gpt2-small"], "--preset"),
+        (["--bpe-vocab-size", "512"], "--bpe-vocab-size"),
+        (["--tokenizer", "bpe", "--preset", "baby"], "--preset, --tokenizer"),
+    ],
+)
+def test_train_init_from_refuses_what_the_weights_fix(capsys, tmp_path, flags, named):
+    "A flag that would choose the model or tokenizer is one line naming it, before anything is read or written."
+    status, out, err = call(capsys, "train", "--out", tmp_path / "ft", "--init-from", tmp_path / "nothing", *flags)
+    assert status == 1 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert f"fixes the model and its tokenizer (the weights were trained with them): drop {named}" in err
+    assert not (tmp_path / "ft").exists()
+    config = tmp_path / "config.json"  # the same through a replayed config that names --init-from
+    config.write_text(json.dumps({"train_config": {"init_from": str(tmp_path / "nothing")}}), encoding="utf-8")
+    status, _, err = call(capsys, "train", "--config", config, "--out", tmp_path / "ft", *flags)
+    assert status == 1 and f"drop {named}" in err, err
 
 
 def test_train_init_from_hf_folder(capsys, tmp_path, shakespeare_path):
