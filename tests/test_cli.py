@@ -446,6 +446,30 @@ def test_sample_nanogpt_needs_a_tokenizer(capsys, tmp_path):
     assert status == 1 and "give one model" in err
 
 
+def test_sample_nanogpt_checkpoint(capsys, tmp_path, shakespeare_path):
+    "A ckpt.pt in nanoGPT's format (as test_hf builds one) samples the text that nanoGPT's own forward pass picks."
+    pytest.importorskip("transformers")  # test_hf, whose checkpoint builder this reuses, needs it
+    from test_hf import NANOGPT_ARGS, nanogpt_forward, nanogpt_state_dict, write_nanogpt_ckpt
+
+    from gptbook.tokenizer import CharTokenizer
+
+    tok = CharTokenizer.train(Path(shakespeare_path).read_text(encoding="utf-8"))  # the 65 ids of shakespeare_char
+    assert tok.vocab_size == NANOGPT_ARGS["vocab_size"]
+    tok.save(tmp_path / "tok.json")
+    sd = nanogpt_state_dict()
+    ckpt = write_nanogpt_ckpt(tmp_path / "ckpt.pt", sd, NANOGPT_ARGS)
+    idx = torch.tensor([tok.encode("ROMEO:")])
+    with torch.no_grad():
+        for _ in range(12):  # greedy decoding, nanoGPT's forward pass written out in test_hf
+            idx = torch.cat([idx, nanogpt_forward(sd, NANOGPT_ARGS, idx)[:, -1].argmax(-1, keepdim=True)], dim=1)
+    argv = ["sample", "--nanogpt", ckpt, "--tokenizer", tmp_path / "tok.json", "--prompt", "ROMEO:"]
+    status, out, err = call(capsys, *argv, "--max-new-tokens", 12, "--temperature", 0)
+    assert status == 0, err
+    assert out == tok.decode(idx[0].tolist()) + "\n" and err == ""
+    status, out, err = call(capsys, *argv, "--max-new-tokens", 30, "--seed", 1, "--num-samples", 2)
+    assert status == 0 and out.startswith("ROMEO:") and out.count("ROMEO:") == 2, err
+
+
 def _hf_folder(tmp_path, text: str) -> Path:
     "A tiny Hugging Face GPT-2 with a byte-level BPE tokenizer trained on `text`, saved as from_pretrained reads it."
     from tokenizers import ByteLevelBPETokenizer
