@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 import gptbook
 from .checkpoint import checkpoint_state, find_checkpoint, list_checkpoints
+from .hf import from_nanogpt
 from .model import GPT, GPTConfig, pick_device
 from .options import OptionError, choices_of, field_types, split_optional
 from .sample import SamplingConfig, generate, stream
@@ -304,27 +305,6 @@ def _load_run(run, device):
     return model, checkpoint_tokenizer(folder, {**state, "tokenizer": True}, model.config.vocab_size)
 
 
-def _hf_tokenizer(name):
-    "The tokenizer of a Hugging Face model, as a BPETokenizer."
-    if not hasattr(BPETokenizer, "from_hf"):
-        raise ValueError(f"this gptbook cannot read the tokenizer of {name} yet: give --tokenizer PATH")
-    return BPETokenizer.from_hf(name)
-
-
-def _nanogpt_model(path):
-    "The GPT of a nanoGPT checkpoint, via gptbook.hf.from_nanogpt."
-    from gptbook import hf
-
-    if not hasattr(hf, "from_nanogpt"):
-        raise ValueError("this gptbook cannot read nanoGPT checkpoints yet (gptbook.hf.from_nanogpt)")
-    got = hf.from_nanogpt(path)
-    if isinstance(got, tuple):  # (config, state_dict)
-        model = GPT(got[0])
-        model.load_state_dict(got[1])
-        return model
-    return got
-
-
 def _model_to_sample(args):
     "The model (eval mode, on --device) and tokenizer that --hf, --nanogpt or the run folder name."
     sources = [name for name in ("hf", "nanogpt") if getattr(args, name)] + (["RUN"] if args.run or args.out else [])
@@ -337,8 +317,8 @@ def _model_to_sample(args):
             "load): give one with --tokenizer PATH (`gptbook tokenizer train` makes one)"
         )
     if args.hf or args.nanogpt:
-        model = GPT.from_hf(args.hf) if args.hf else _nanogpt_model(args.nanogpt)
-        tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else _hf_tokenizer(args.hf)
+        model = GPT.from_hf(args.hf) if args.hf else from_nanogpt(args.nanogpt)
+        tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else BPETokenizer.from_hf(args.hf)
     else:
         model, tokenizer = _load_run(_run_folder(args), device)
         tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else tokenizer
