@@ -215,7 +215,7 @@ def clear_checkpoints(out_dir, keep=None) -> int:
 
 # %% ../nbs/A2_checkpoints.ipynb #a2save01
 def sha256_of(path, block_size: int = 1 << 20) -> str:
-    "The SHA-256 of the file at `path`, in hex."
+    "The SHA-256 of the file at `path`, in hex, read in blocks (a large file never sits in memory at once)."
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while block := f.read(block_size):

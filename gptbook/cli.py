@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 import gptbook
 from .checkpoint import checkpoint_state, find_checkpoint, list_checkpoints
+from .hf import from_nanogpt
 from .model import GPT, GPTConfig, pick_device
 from .options import OptionError, choices_of, field_types, split_optional
 from .sample import SamplingConfig, generate, stream
@@ -26,8 +27,8 @@ from .tokenizer import GPT2_PATTERN, BPETokenizer, load_tokenizer
 from .train import TrainConfig, TrainingDiverged, checkpoint_tokenizer, load_run_config, train
 
 # %% auto #0
-__all__ = ['UNSET', 'FIXED_ON_RESUME', 'SAMPLE_DEFAULTS', 'add_options', 'given', 'config_from_args', 'sampling_config_from_args',
-           'text_nats', 'build_parser', 'main']
+__all__ = ['UNSET', 'FIXED_ON_RESUME', 'FIXED_BY_WEIGHTS', 'SAMPLE_DEFAULTS', 'add_options', 'given', 'config_from_args',
+           'sampling_config_from_args', 'text_nats', 'build_parser', 'main']
 
 # %% ../nbs/A4_cli.ipynb #04caae1e
 class _Parser(argparse.ArgumentParser):
@@ -141,6 +142,7 @@ FIXED_ON_RESUME = (
     "val_fraction",
     "init_from",
 )  # --data may move (its hash is checked)
+FIXED_BY_WEIGHTS = ("tokenizer", "bpe_vocab_size", "preset")  # what --init-from's model decides (model flags: train)
 
 
 def _add_train_args(p: argparse.ArgumentParser) -> dict[str, str]:
@@ -183,8 +185,21 @@ def config_from_args(args) -> tuple[TrainConfig, bool]:
     if args.config:
         saved, model = load_run_config(args.config)
         overrides = {**(model.to_dict() if model else saved.model_overrides), **model_given}
-        return saved.replace(**{**train_given, "model_overrides": overrides}), False
-    return TrainConfig(**train_given, model_overrides=model_given), False
+        cfg = saved.replace(**{**train_given, "model_overrides": overrides})
+    else:
+        cfg = TrainConfig(**train_given, model_overrides=model_given)
+    _check_init_from(cfg, train_given)
+    return cfg, False
+
+
+def _check_init_from(cfg: TrainConfig, train_given: dict) -> None:
+    "`--init-from` fixes the model and the tokenizer: a flag that would choose them is refused by name."
+    if cfg.init_from and (fixed := [k for k in train_given if k in FIXED_BY_WEIGHTS]):
+        names = ", ".join(_flag_of(k) for k in fixed)
+        raise ValueError(
+            f"--init-from {cfg.init_from} fixes the model and its tokenizer (the weights were trained with them): "
+            f"drop {names}"
+        )
 
 
 def _resume_config(args, train_given: dict, model_given: dict) -> TrainConfig:
@@ -290,27 +305,6 @@ def _load_run(run, device):
     return model, checkpoint_tokenizer(folder, {**state, "tokenizer": True}, model.config.vocab_size)
 
 
-def _hf_tokenizer(name):
-    "The tokenizer of a Hugging Face model, as a BPETokenizer."
-    if not hasattr(BPETokenizer, "from_hf"):
-        raise ValueError(f"this gptbook cannot read the tokenizer of {name} yet: give --tokenizer PATH")
-    return BPETokenizer.from_hf(name)
-
-
-def _nanogpt_model(path):
-    "The GPT of a nanoGPT checkpoint, via gptbook.hf.from_nanogpt."
-    from gptbook import hf
-
-    if not hasattr(hf, "from_nanogpt"):
-        raise ValueError("this gptbook cannot read nanoGPT checkpoints yet (gptbook.hf.from_nanogpt)")
-    got = hf.from_nanogpt(path)
-    if isinstance(got, tuple):  # (config, state_dict)
-        model = GPT(got[0])
-        model.load_state_dict(got[1])
-        return model
-    return got
-
-
 def _model_to_sample(args):
     "The model (eval mode, on --device) and tokenizer that --hf, --nanogpt or the run folder name."
     sources = [name for name in ("hf", "nanogpt") if getattr(args, name)] + (["RUN"] if args.run or args.out else [])
@@ -323,8 +317,8 @@ def _model_to_sample(args):
             "load): give one with --tokenizer PATH (`gptbook tokenizer train` makes one)"
         )
     if args.hf or args.nanogpt:
-        model = GPT.from_hf(args.hf) if args.hf else _nanogpt_model(args.nanogpt)
-        tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else _hf_tokenizer(args.hf)
+        model = GPT.from_hf(args.hf) if args.hf else from_nanogpt(args.nanogpt)
+        tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else BPETokenizer.from_hf(args.hf)
     else:
         model, tokenizer = _load_run(_run_folder(args), device)
         tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else tokenizer

@@ -18,13 +18,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .checkpoint import atomic_write
+from .checkpoint import atomic_write, sha256_of
 from .tokenizer import BPETokenizer, CharTokenizer, as_tokenizer
 
 # %% auto #0
-__all__ = ['TINY_SHAKESPEARE_URL', 'TINY_SHAKESPEARE_SHA256', 'TINY_SHAKESPEARE_FILENAME', 'cache_dir', 'sha256_file',
-           'ChecksumError', 'download', 'tiny_shakespeare_path', 'tiny_shakespeare', 'train_val_split',
-           'encode_to_array', 'save_tokens', 'load_tokens', 'get_batch', 'TokenData', 'load_token_data']
+__all__ = ['TINY_SHAKESPEARE_URL', 'TINY_SHAKESPEARE_SHA256', 'TINY_SHAKESPEARE_FILENAME', 'cache_dir', 'ChecksumError',
+           'download', 'tiny_shakespeare_path', 'tiny_shakespeare', 'train_val_split', 'encode_to_array', 'save_tokens',
+           'load_tokens', 'get_batch', 'TokenData', 'load_token_data']
 
 # %% ../nbs/07_data.ipynb #4c490a8a
 TINY_SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
@@ -36,15 +36,6 @@ def cache_dir() -> Path:
     "The folder where gptbook caches downloads: `$XDG_CACHE_HOME/gptbook`, else `~/.cache/gptbook`."
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "gptbook"
-
-# %% ../nbs/07_data.ipynb #ee07e2a9
-def sha256_file(path: str | Path, block_size: int = 1 << 20) -> str:
-    "Hex SHA-256 digest of the file at `path`, read in blocks."
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(block_size):
-            h.update(block)
-    return h.hexdigest()
 
 # %% ../nbs/07_data.ipynb #86b3666c
 class ChecksumError(ValueError):
@@ -97,7 +88,7 @@ def _unset_hint(where: str) -> str:
 
 
 def _verified(p: Path, sha256: str, verify: bool, where: str) -> Path:
-    if verify and (digest := sha256_file(p)) != sha256:
+    if verify and (digest := sha256_of(p)) != sha256:
         raise ChecksumError(
             f"{p} ({where}) has SHA-256 {digest}, but Tiny Shakespeare has {sha256}: it is a different or damaged "
             f"file. For Tiny Shakespeare, replace it{_unset_hint(where)}; to train on this text, pass it as your own "
@@ -284,7 +275,7 @@ def _write_entry(tok, ids, text_sha: str, vocab_size: int, files: dict) -> np.nd
     with atomic_write(files["tokenizer"], mode=None) as tmp:
         tok.save(tmp)
     meta = dict(format=_TOKEN_CACHE, version=1, text_sha256=text_sha, vocab_size=vocab_size, n_tokens=len(ids))
-    meta.update(ids_sha256=sha256_file(files["ids"]), tokenizer_sha256=sha256_file(files["tokenizer"]))
+    meta.update(ids_sha256=sha256_of(files["ids"]), tokenizer_sha256=sha256_of(files["tokenizer"]))
     with atomic_write(files["meta"]) as f:
         json.dump(meta, f, indent=1)
     return load_tokens(files["ids"])
@@ -314,7 +305,7 @@ def _checked_entry(text: str, text_sha: str, vocab_size: int, files: dict):
             f"the ids file has {size:,} bytes, but {meta['n_tokens']:,} tokens take {2 * meta['n_tokens']:,}"
         )
     for key in ("ids", "tokenizer"):
-        if sha256_file(files[key]) != meta[f"{key}_sha256"]:
+        if sha256_of(files[key]) != meta[f"{key}_sha256"]:
             raise ValueError(f"the {key} file's SHA-256 is not the one recorded")
     tok, ids = BPETokenizer.load(files["tokenizer"]), load_tokens(files["ids"])
     if tok.pattern is not None or tok.special_tokens or tok.decode(ids) != text:

@@ -366,6 +366,11 @@ def hf_style(c: GPTConfig) -> str:
             f"save_hf: norm_position={c.norm_position!r} has no Hugging Face form (GPT-2 and Llama are pre-norm): "
             "train with norm_position='pre'"
         )
+    if getattr(c, "embed_scale", False):  # getattr: a GPTConfig from before the field existed has none
+        raise ValueError(
+            "save_hf: embed_scale=True (token embeddings times sqrt(d_model)) has no Hugging Face form (GPT-2 and "
+            "Llama add the embeddings unscaled): train with embed_scale=False"
+        )
     if c.positions not in _HF_STYLE:
         raise ValueError(
             f"save_hf: positions={c.positions!r} has no Hugging Face form: use positions='learned' "

@@ -596,9 +596,14 @@ class TextDecoder:
 
 
 def _cut_at_stop(text: str, stop_strings: tuple[str, ...]) -> tuple[str, bool]:
-    "(text before the first stop string, True), or (text, False) if there is none. Example: 'ab\\n\\nc' -> ('ab', True)"
-    hits = [i for s in stop_strings if (i := text.find(s)) >= 0]
-    return (text[: min(hits)], True) if hits else (text, False)
+    """(text before the first stop string to be complete, True), or (text, False) if none is. The first to be
+    complete is the one that ends first; among those ending there, the one that starts first. A stop string that
+    began earlier but ends later never finished, so it does not count. Example: 'ab\\n\\nc' -> ('ab', True)"""
+    ends = [i + len(s) for s in stop_strings if (i := text.find(s)) >= 0]
+    if not ends:
+        return text, False
+    starts = [i for s in stop_strings if (i := text.find(s, 0, min(ends))) >= 0]  # those complete by the first end
+    return text[: min(starts)], True
 
 
 def _held_back(text: str, stop_strings: tuple[str, ...]) -> int:

@@ -28,6 +28,7 @@ from gptbook.checkpoint import (
     load_weights,
     restore_rng,
     save_checkpoint,
+    sha256_of,
 )
 from gptbook.model import GPT, GPTConfig
 from gptbook.tokenizer import CharTokenizer
@@ -52,6 +53,19 @@ def stepped_adamw(model):
 
 
 # --- atomic writes -------------------------------------------------------------------------------
+
+
+def test_sha256_of_known_vectors_in_any_block_size(tmp_path):
+    "FIPS 180-2 test vectors; the data chapter checks its files with the same function (gptbook.data has no copy)."
+    import gptbook.data
+
+    p = tmp_path / "abc"
+    p.write_bytes(b"abc")
+    for block_size in (1, 2, 1 << 20):
+        assert sha256_of(p, block_size) == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    p.write_bytes(b"")
+    assert sha256_of(p) == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+    assert gptbook.data.sha256_of is sha256_of and not hasattr(gptbook.data, "sha256_file")
 
 
 def test_atomic_write_replaces_whole_or_not_at_all(tmp_path):

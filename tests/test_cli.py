@@ -1,5 +1,6 @@
 """The `gptbook` command: help, one-line errors, train -> sample end to end, resume, sampling options."""
 
+import json
 import os
 import subprocess
 import sys
@@ -445,6 +446,30 @@ def test_sample_nanogpt_needs_a_tokenizer(capsys, tmp_path):
     assert status == 1 and "give one model" in err
 
 
+def test_sample_nanogpt_checkpoint(capsys, tmp_path, shakespeare_path):
+    "A ckpt.pt in nanoGPT's format (as test_hf builds one) samples the text that nanoGPT's own forward pass picks."
+    pytest.importorskip("transformers")  # test_hf, whose checkpoint builder this reuses, needs it
+    from test_hf import NANOGPT_ARGS, nanogpt_forward, nanogpt_state_dict, write_nanogpt_ckpt
+
+    from gptbook.tokenizer import CharTokenizer
+
+    tok = CharTokenizer.train(Path(shakespeare_path).read_text(encoding="utf-8"))  # the 65 ids of shakespeare_char
+    assert tok.vocab_size == NANOGPT_ARGS["vocab_size"]
+    tok.save(tmp_path / "tok.json")
+    sd = nanogpt_state_dict()
+    ckpt = write_nanogpt_ckpt(tmp_path / "ckpt.pt", sd, NANOGPT_ARGS)
+    idx = torch.tensor([tok.encode("ROMEO:")])
+    with torch.no_grad():
+        for _ in range(12):  # greedy decoding, nanoGPT's forward pass written out in test_hf
+            idx = torch.cat([idx, nanogpt_forward(sd, NANOGPT_ARGS, idx)[:, -1].argmax(-1, keepdim=True)], dim=1)
+    argv = ["sample", "--nanogpt", ckpt, "--tokenizer", tmp_path / "tok.json", "--prompt", "ROMEO:"]
+    status, out, err = call(capsys, *argv, "--max-new-tokens", 12, "--temperature", 0)
+    assert status == 0, err
+    assert out == tok.decode(idx[0].tolist()) + "\n" and err == ""
+    status, out, err = call(capsys, *argv, "--max-new-tokens", 30, "--seed", 1, "--num-samples", 2)
+    assert status == 0 and out.startswith("ROMEO:") and out.count("ROMEO:") == 2, err
+
+
 def _hf_folder(tmp_path, text: str) -> Path:
     "A tiny Hugging Face GPT-2 with a byte-level BPE tokenizer trained on `text`, saved as from_pretrained reads it."
     from tokenizers import ByteLevelBPETokenizer
@@ -495,6 +520,28 @@ def test_train_init_from_a_run(capsys, run_dir, shakespeare_path, tmp_path):
     assert status == 1 and "--init-from" in err
     status, _, err = call(capsys, "train", "--out", tmp_path / "ft3", "--init-from", tmp_path / "nothing")
     assert status == 1 and "neither" in err
+
+
+@pytest.mark.parametrize(
+    "flags, named",
+    [
+        (["--tokenizer", "bpe"], "--tokenizer"),
+        (["--tokenizer", "char"], "--tokenizer"),  # even the default: the weights decide, not the flag
+        (["--preset", "gpt2-small"], "--preset"),
+        (["--bpe-vocab-size", "512"], "--bpe-vocab-size"),
+        (["--tokenizer", "bpe", "--preset", "baby"], "--preset, --tokenizer"),
+    ],
+)
+def test_train_init_from_refuses_what_the_weights_fix(capsys, tmp_path, flags, named):
+    "A flag that would choose the model or tokenizer is one line naming it, before anything is read or written."
+    status, out, err = call(capsys, "train", "--out", tmp_path / "ft", "--init-from", tmp_path / "nothing", *flags)
+    assert status == 1 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert f"fixes the model and its tokenizer (the weights were trained with them): drop {named}" in err
+    assert not (tmp_path / "ft").exists()
+    config = tmp_path / "config.json"  # the same through a replayed config that names --init-from
+    config.write_text(json.dumps({"train_config": {"init_from": str(tmp_path / "nothing")}}), encoding="utf-8")
+    status, _, err = call(capsys, "train", "--config", config, "--out", tmp_path / "ft", *flags)
+    assert status == 1 and f"drop {named}" in err, err
 
 
 def test_train_init_from_hf_folder(capsys, tmp_path, shakespeare_path):

@@ -14,7 +14,6 @@ from gptbook.data import (
     ChecksumError,
     cache_dir,
     download,
-    sha256_file,
     tiny_shakespeare,
     tiny_shakespeare_path,
     train_val_split,
@@ -166,12 +165,6 @@ def test_http_404_is_a_clear_error(no_env, server):
 def test_no_download_when_disabled(no_env):
     with pytest.raises(FileNotFoundError, match="GPTBOOK_DATA"):
         tiny_shakespeare(download_missing=False)
-
-
-def test_sha256_file_known_vector(tmp_path):
-    p = tmp_path / "abc"
-    p.write_bytes(b"abc")
-    assert sha256_file(p) == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
 
 
 # --- split ---------------------------------------------------------------------------------------

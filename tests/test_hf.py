@@ -426,6 +426,19 @@ def test_save_hf_refuses(tmp_path, overrides, message):
     assert "\n" not in str(e.value) and not (tmp_path / "hf").exists()
 
 
+def test_save_hf_refuses_scaled_embeddings(tmp_path):
+    "embed_scale has no GPT-2 or Llama form; set on the object, as the field may not exist yet."
+    for llama in (False, True):
+        model, folder = GPT(small_config(llama=llama)), tmp_path / f"hf-{llama}"
+        model.config.embed_scale = True
+        with pytest.raises(ValueError, match=r"embed_scale=True \(token embeddings times sqrt\(d_model\)\)") as e:
+            save_hf(model, folder)
+        assert "\n" not in str(e.value) and not folder.exists()
+        model.config.embed_scale = False
+        save_hf(model, folder)  # the same model, unscaled, is saved
+        assert (folder / "model.safetensors").is_file()
+
+
 def test_save_hf_replaces_atomically(tmp_path):
     first, second = randomized(small_config(), seed=0), randomized(small_config(), seed=1)
     save_hf(first, tmp_path / "hf")
