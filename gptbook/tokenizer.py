@@ -350,7 +350,8 @@ _GPT2_ASCII = re.compile(
     r"""|[\t\n\v\f\r ]+(?![^\t\n\v\f\r ])|[\t\n\v\f\r ]+"""
 )
 
-
+# %% ../nbs/01_tokenizer.ipynb #c01e0013
+#| code-fold: true
 def pretokenize(text: str, pattern=GPT2_PATTERN) -> list[str]:
     "Split `text` into the chunks `pattern` matches. Example: \"it's 2 o'clock\" -> ['it', \"'s\", ' 2', ' o', ...]"
     pat = pattern if isinstance(pattern, (regex.Pattern, re.Pattern)) else _compile_pattern(pattern)
