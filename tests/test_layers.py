@@ -225,6 +225,34 @@ def test_block_is_two_residual_adds():
     torch.testing.assert_close(post(x), post.ln_2(h + post.mlp(h)))
 
 
+def gpt2_block_by_hand(p, x, n_heads):
+    "GPT-2's block from the raw tensors of a Block's state_dict: no module of gptbook, softmax attention written out."
+    B, T, C = x.shape
+    hd = C // n_heads
+    h = F.layer_norm(x, (C,), p["ln_1.weight"], p["ln_1.bias"], 1e-5)
+    q, k, v = F.linear(h, p["attn.c_attn.weight"], p["attn.c_attn.bias"]).split(C, dim=-1)
+    q, k, v = (t.view(B, T, n_heads, hd).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hd)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(hd)
+    scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    y = (scores.softmax(-1) @ v).transpose(1, 2).reshape(B, T, C)
+    x = x + F.linear(y, p["attn.c_proj.weight"], p["attn.c_proj.bias"])
+    h = F.layer_norm(x, (C,), p["ln_2.weight"], p["ln_2.bias"], 1e-5)
+    h = F.gelu(F.linear(h, p["mlp.c_fc.weight"], p["mlp.c_fc.bias"]), approximate="tanh")
+    return x + F.linear(h, p["mlp.c_proj.weight"], p["mlp.c_proj.bias"])
+
+
+def test_default_block_is_gpt2s_block():
+    "The defaults build GPT-2's block: checked against the block written out from its raw weights."
+    torch.manual_seed(0)
+    blk = Block(24, 3).double()
+    with torch.no_grad():
+        for prm in blk.parameters():
+            prm.normal_(0, 0.3)
+    x = torch.randn(2, 6, 24, dtype=torch.float64)
+    torch.testing.assert_close(blk(x), gpt2_block_by_hand(blk.state_dict(), x, 3), rtol=0, atol=1e-12)
+    assert blk.state_dict()["mlp.c_fc.weight"].shape == (96, 24)  # 4 * d_model wide
+
+
 def test_block_is_causal():
     torch.manual_seed(0)
     blk = Block(16, 4, ffn="swiglu", norm="rmsnorm")

@@ -59,10 +59,15 @@ def swiglu(params: dict, x: np.ndarray) -> np.ndarray:
     return proj("down_proj", silu(proj("gate_proj", x)) * proj("up_proj", x))  # (..., d_model)
 
 # %% ../../nbs/05_blocks.ipynb #babf10f8
-def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None, eps: float = 1e-5) -> np.ndarray:
-    "Normalize each vector along the last axis to mean 0, variance 1 (biased), then scale by weight and shift by bias."
+def layer_norm(
+    x: np.ndarray,
+    weight: np.ndarray,
+    bias: np.ndarray | None = None,
+    eps: float = 1e-5,
+) -> np.ndarray:
+    "LayerNorm over the last axis (biased variance)."
     mu = x.mean(-1, keepdims=True)  # (..., 1)
-    var = ((x - mu) ** 2).mean(-1, keepdims=True)  # (..., 1): divide by d, not d - 1
+    var = ((x - mu) ** 2).mean(-1, keepdims=True)  # / d
     y = (x - mu) / np.sqrt(var + eps) * weight  # (..., d)
     return y if bias is None else y + bias
 
@@ -73,6 +78,8 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float = 1e-5) -> np.ndarray
     return x / rms * weight  # (..., d)
 
 # %% ../../nbs/05_blocks.ipynb #ee67098a
+#| code-fold: true
+#| code-summary: "make_norm and make_ffn in NumPy: the function a sublayer computes, by name"
 def _layer_norm(params, eps, x):
     return layer_norm(x, param(params, "weight"), params.get("bias"), eps)
 
