@@ -106,6 +106,20 @@ def test_chapter_shape(nb_path):
 
 
 @pytest.mark.parametrize("nb_path", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_page_opens_in_colab(nb_path):
+    "Second cell: a link that opens this very notebook in Colab; third: a hidden cell that installs gptbook there only."
+    nb = json.loads(nb_path.read_text())
+    link, install = ("".join(c["source"]) for c in nb["cells"][1:3])
+    s = _settings()
+    repo = (
+        s["git_url"].replace("%(user)s", s["user"]).replace("%(repo)s", s["repo"]).removeprefix("https://github.com/")
+    )
+    assert f"](https://colab.research.google.com/github/{repo}/blob/main/nbs/{nb_path.name})" in link
+    assert install.startswith("#| hide\n") and '"google.colab" in str(get_ipython())' in install
+    assert f"git+https://github.com/{repo}" in install
+
+
+@pytest.mark.parametrize("nb_path", NOTEBOOKS, ids=lambda p: p.name)
 def test_code_cells_have_outputs_saved(nb_path):
     "The site shows saved outputs: a notebook that prints or plots anything must have been executed."
     nb = json.loads(nb_path.read_text())
