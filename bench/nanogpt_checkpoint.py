@@ -138,9 +138,9 @@ def compare_logits(theirs, ours, windows: torch.Tensor) -> dict:
         "max_abs_diff_gelu_tanh": float((their_logits - tanh_logits).abs().max()),
         "max_abs_logit": float(their_logits.abs().max()),
         "one_position": {  # the first window's last position: all vocab_size logits, both models
-            "nanogpt": [round(float(x), 4) for x in their_logits[0, -1]],
-            "gptbook": [round(float(x), 4) for x in our_logits[0, -1]],
-            "gptbook_gelu_tanh": [round(float(x), 4) for x in tanh_logits[0, -1]],
+            "nanogpt": [round(float(x), 6) for x in their_logits[0, -1]],
+            "gptbook": [round(float(x), 6) for x in our_logits[0, -1]],
+            "gptbook_gelu_tanh": [round(float(x), 6) for x in tanh_logits[0, -1]],
         },
         "nanogpt_loss_on_ids": round(float(their_loss), 6),
         "gptbook_loss_on_ids": round(float(lm_loss(our_logits, targets)), 6),
