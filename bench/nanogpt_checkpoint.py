@@ -36,7 +36,7 @@ from gptbook.model import GPT, lm_loss
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "nanogpt_checkpoint.json"
-DEFAULT_NANOGPT = Path("/work/.mirror/karpathy+nanoGPT/repo")
+DEFAULT_NANOGPT = Path(os.environ.get("NANOGPT_DIR", "/work/.mirror/karpathy+nanoGPT/repo"))  # a clone or bare git dir
 OUT_DIR = "out-ckpt"  # inside bench/.work/nanogpt/
 PROMPT = "ROMEO:"
 # nanoGPT README's CPU command (the line after "on CPU instead of GPU"), with our iteration count
