@@ -14,7 +14,7 @@ import shutil
 import sys
 import tempfile
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext, redirect_stdout
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Literal, NamedTuple
@@ -921,11 +921,25 @@ def _waiting_lock(path: Path):
         yield
 
 
-def _train_into(folder: Path, cfg: TrainConfig) -> None:
+class _ShowAs:
+    "A stdout that writes `new` in place of `old`: a run trained in a temporary folder names its final one."
+
+    def __init__(self, out, old: str, new: str):
+        self.out, self.old, self.new = out, old, new
+
+    def write(self, text: str) -> int:
+        return self.out.write(text.replace(self.old, self.new))
+
+    def flush(self) -> None:
+        self.out.flush()
+
+
+def _train_into(folder: Path, cfg: TrainConfig, shown: str) -> None:
     "Train `cfg` in a temporary folder beside `folder`, then rename it into place: a failed run leaves nothing."
     tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".tmp_{folder.name}_"))
     try:
-        train(cfg.replace(out_dir=str(tmp)))
+        with redirect_stdout(_ShowAs(sys.stdout, str(tmp), shown)):
+            train(cfg.replace(out_dir=str(tmp)))
         if folder.exists():
             remove_dir(folder)  # an unfinished or damaged folder from an older attempt
         os.rename(tmp, folder)
@@ -950,6 +964,6 @@ def baby_run(tokenizer: Literal["char", "bpe"] = "char", *, cache_dir=None) -> P
             print(f"baby run ({tokenizer}): found {shown}")
             return folder
         t0 = time.perf_counter()
-        _train_into(folder, cfg)
+        _train_into(folder, cfg, shown)
     print(f"baby run ({tokenizer}): trained in {time.perf_counter() - t0:.0f} s, saved to {shown}")
     return folder

@@ -485,7 +485,9 @@ def test_baby_run_trains_once_then_is_found(tiny_baby, tmp_path, capsys):
     from gptbook.train import baby_run
 
     run = baby_run(cache_dir=tmp_path)
-    assert "trained in" in capsys.readouterr().out.splitlines()[-1]
+    out = capsys.readouterr().out
+    assert "trained in" in out.splitlines()[-1]
+    assert ".tmp_" not in out and f"sample: gptbook sample --out {run}" in out  # the transcript names the final folder
     assert run.parent == tmp_path / "runs" and run.name.startswith("baby-char-")
     assert [r["iter"] for r in read_metrics(run)] == [0, 2, 4]
     model = GPT.from_checkpoint(run)
