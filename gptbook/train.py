@@ -79,6 +79,7 @@ def make_optimizer(
     return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=tuple(betas), fused=fused)
 
 # %% ../nbs/08_training.ipynb #9f0fda47
+#| code-fold: true
 @dataclass
 class TrainConfig(Options):
     "Everything about a training run except the model's shape (that is `GPTConfig`). Defaults: the CPU baby run."
@@ -194,6 +195,7 @@ def load_run_config(path) -> tuple[TrainConfig, GPTConfig | None]:
     )
 
 # %% ../nbs/08_training.ipynb #eb8af09a
+#| code-fold: true
 def checkpoint_tokenizer(folder, state: dict, model_vocab_size: int | None = None):
     """The tokenizer saved in the checkpoint `folder` whose `state.json` is `state` (None if it has none).
 
@@ -251,6 +253,7 @@ def load_checkpoint(path, device=None) -> Checkpoint:
     return Checkpoint(model, tokenizer, model.config, train_config, state["iter"], folder)
 
 # %% ../nbs/08_training.ipynb #0df709ca
+#| code-fold: true
 def _parse_metrics(path: Path) -> tuple[list[dict], bool]:
     """The records of the metrics file `path`, and whether its last line was torn (not JSON, or not UTF-8).
 
@@ -649,6 +652,7 @@ def init_distributed() -> Ranks:
     return Ranks(dist.get_rank(), local_rank, dist.get_world_size())
 
 # %% ../nbs/08_training.ipynb #170ac749
+#| code-fold: true
 def _run_dir(cfg: TrainConfig) -> Path:
     "The run folder `cfg.out_dir`; a checkpoint folder given in its place is refused, naming its run folder."
     out = Path(cfg.out_dir)
@@ -803,6 +807,7 @@ def _summary(trainer: Trainer, seconds: float) -> str:
     )
 
 # %% ../nbs/08_training.ipynb #t8train01
+#| code-fold: true
 def _configs(cfg, model_config, saved, run_dir: Path):
     "The run's TrainConfig (data path made absolute) and GPTConfig; on resume, those of the checkpoint `saved`."
     if saved is not None:
