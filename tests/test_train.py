@@ -443,3 +443,105 @@ def test_feedback_header_summary_and_state(chars, tmp_path, capsys):
     assert state["val_loss"] == read_metrics(tmp_path / "run")[-1]["val_loss"]
     train(cfg.replace(max_iters=30), resume=True, data=chars)
     assert "resuming from step 20" in capsys.readouterr().out
+
+
+# --- the cached baby run -----------------------------------------------------------------------
+
+
+@pytest.fixture
+def tiny_baby(monkeypatch, shakespeare_path):
+    "baby_run with a seconds-long config in place of the real one; returns a counter of the trainings."
+    import gptbook.train as gt
+
+    def tiny_baby_config(tokenizer="char"):
+        return TrainConfig(
+            tokenizer=tokenizer,
+            progress=False,
+            max_iters=4,
+            eval_interval=2,
+            eval_iters=1,
+            batch_size=2,
+            warmup_iters=1,
+            model_overrides={"n_layers": 1, "n_heads": 2, "d_model": 16, "max_seq_len": 16},
+        )
+
+    trainings = []
+    real_train = gt.train
+
+    def counting_train(cfg, *args, **kw):
+        trainings.append(cfg.out_dir)
+        return real_train(cfg, *args, **kw)
+
+    monkeypatch.setattr(gt, "baby_config", tiny_baby_config)
+    monkeypatch.setattr(gt, "train", counting_train)
+    return trainings
+
+
+def _leftovers(root: Path) -> list[str]:
+    return sorted(p.name for p in root.iterdir() if p.name.startswith((".tmp_", ".trash_")))
+
+
+def test_baby_run_trains_once_then_is_found(tiny_baby, tmp_path, capsys):
+    from gptbook.train import baby_run
+
+    run = baby_run(cache_dir=tmp_path)
+    out = capsys.readouterr().out
+    assert "trained in" in out.splitlines()[-1]
+    assert ".tmp_" not in out and f"sample: gptbook sample --out {run}" in out  # the transcript names the final folder
+    assert run.parent == tmp_path / "runs" and run.name.startswith("baby-char-")
+    assert [r["iter"] for r in read_metrics(run)] == [0, 2, 4]
+    model = GPT.from_checkpoint(run)
+    assert model.config.n_layers == 1 and model.config.vocab_size == 65
+    assert baby_run(cache_dir=tmp_path) == run
+    assert capsys.readouterr().out.strip() == f"baby run (char): found {run}"
+    assert len(tiny_baby) == 1, "the second call must not train again"
+    assert _leftovers(tmp_path / "runs") == []
+
+
+def test_baby_run_interrupted_leaves_no_folder(tiny_baby, tmp_path, monkeypatch):
+    import gptbook.train as gt
+
+    def killed(cfg, *args, **kw):
+        (Path(cfg.out_dir) / "metrics.jsonl").write_text('{"iter": 0}\n')  # some of a run, then Ctrl-C
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(gt, "train", killed)
+    with pytest.raises(KeyboardInterrupt):
+        gt.baby_run(cache_dir=tmp_path)
+    assert [p.name for p in (tmp_path / "runs").iterdir() if not p.name.endswith(".lock")] == []
+
+
+def test_baby_run_retrains_a_partial_folder(tiny_baby, tmp_path):
+    from gptbook.train import baby_run
+
+    run = baby_run(cache_dir=tmp_path)
+    (list_checkpoints(run)[-1] / "model.safetensors").unlink()  # a damaged copy must not be returned
+    assert baby_run(cache_dir=tmp_path) == run and len(tiny_baby) == 2
+    GPT.from_checkpoint(run)
+    (run / "metrics.jsonl").unlink()  # nor one without its metrics
+    assert baby_run(cache_dir=tmp_path) == run and len(tiny_baby) == 3
+    assert _leftovers(tmp_path / "runs") == []
+
+
+def test_concurrent_baby_runs_train_once(tiny_baby, tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from gptbook.train import baby_run
+
+    with ThreadPoolExecutor(2) as pool:
+        runs = list(pool.map(lambda _: baby_run(cache_dir=tmp_path), range(2)))
+    assert runs[0] == runs[1] and len(tiny_baby) == 1  # the second caller waited, then found it
+
+
+def test_baby_config_and_key():
+    from gptbook.train import baby_config, baby_key
+
+    assert baby_config() == TrainConfig(progress=False)  # what `gptbook train` runs with no arguments
+    assert (
+        baby_config("bpe") == TrainConfig(tokenizer="bpe", progress=False) and baby_config("bpe").bpe_vocab_size == 512
+    )
+    with pytest.raises(ValueError, match="tokenizer must be 'char' or 'bpe', got 'word'"):
+        baby_config("word")
+    cfg = baby_config()
+    assert baby_key(cfg, "a") == baby_key(cfg.replace(out_dir="elsewhere", progress=True), "a")
+    assert len({baby_key(cfg, "a"), baby_key(cfg, "b"), baby_key(cfg.replace(lr=2e-3), "a")}) == 3
