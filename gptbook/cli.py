@@ -184,20 +184,21 @@ def config_from_args(args) -> tuple[TrainConfig, bool]:
         return _resume_config(args, train_given, model_given), True
     if args.config:
         saved, model = load_run_config(args.config)
+        _check_init_from(train_given.get("init_from", saved.init_from), train_given)
         overrides = {**(model.to_dict() if model else saved.model_overrides), **model_given}
         cfg = saved.replace(**{**train_given, "model_overrides": overrides})
     else:
+        _check_init_from(train_given.get("init_from"), train_given)
         cfg = TrainConfig(**train_given, model_overrides=model_given)
-    _check_init_from(cfg, train_given)
     return cfg, False
 
 
-def _check_init_from(cfg: TrainConfig, train_given: dict) -> None:
+def _check_init_from(init_from: str | None, train_given: dict) -> None:
     "`--init-from` fixes the model and the tokenizer: a flag that would choose them is refused by name."
-    if cfg.init_from and (fixed := [k for k in train_given if k in FIXED_BY_WEIGHTS]):
+    if init_from and (fixed := [k for k in train_given if k in FIXED_BY_WEIGHTS]):
         names = ", ".join(_flag_of(k) for k in fixed)
         raise ValueError(
-            f"--init-from {cfg.init_from} fixes the model and its tokenizer (the weights were trained with them): "
+            f"--init-from {init_from} fixes the model and its tokenizer (the weights were trained with them): "
             f"drop {names}"
         )
 

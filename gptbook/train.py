@@ -144,7 +144,15 @@ class TrainConfig(Options):
     )
 
     def check(self) -> None:
-        "`model_overrides` may name only `GPTConfig` fields."
+        "`model_overrides` may name only `GPTConfig` fields; `init_from`'s weights fix the preset and the tokenizer."
+        if self.init_from is not None:
+            for name in ("tokenizer", "bpe_vocab_size", "preset"):
+                if getattr(self, name) != TrainConfig.__dataclass_fields__[name].default:
+                    raise OptionError(
+                        name,
+                        f"init_from={self.init_from!r} fixes the model and its tokenizer "
+                        f"(the weights were trained with them): leave {name} at its default",
+                    )
         known = [f.name for f in fields(GPTConfig)]
         if unknown := sorted(set(self.model_overrides) - set(known)):
             raise OptionError(

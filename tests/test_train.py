@@ -545,3 +545,12 @@ def test_baby_config_and_key():
     cfg = baby_config()
     assert baby_key(cfg, "a") == baby_key(cfg.replace(out_dir="elsewhere", progress=True), "a")
     assert len({baby_key(cfg, "a"), baby_key(cfg, "b"), baby_key(cfg.replace(lr=2e-3), "a")}) == 3
+
+
+@pytest.mark.parametrize("field, value", [("tokenizer", "bpe"), ("bpe_vocab_size", 1024), ("preset", "gpt2-small")])
+def test_init_from_refuses_what_the_weights_fix(field, value):
+    "The Python API refuses what `gptbook train --init-from` refuses: the weights decide the model and tokenizer."
+    with pytest.raises(OptionError, match=f"init_from='run' fixes the model .*leave {field} at its default") as e:
+        TrainConfig(init_from="run", **{field: value})
+    assert e.value.field == field
+    TrainConfig(init_from="run")  # the defaults are fine
