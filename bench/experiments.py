@@ -3,15 +3,16 @@
 Ablations. Small GPTs on Tiny Shakespeare characters, identical except for one switch, each trained from
 3 seeds: pre- vs post-norm; attention with and without the 1/sqrt(d_k) scale; learned, sinusoidal (as GPT
 adds it, scaled to the embeddings' size, and with the embeddings times sqrt(d_model)), RoPE or no positions;
-GELU vs SwiGLU (same parameter count); LayerNorm vs RMSNorm; tied vs untied output head.
+GELU vs SwiGLU (same parameter count); LayerNorm vs RMSNorm; tied vs untied output head; and the recipe:
+no warmup, no clipping, no weight decay, decay on the embedding too (nanoGPT's rule), no biases.
 Every run uses the real trainer (`gptbook.train.Trainer`: AdamW, warmup + cosine, clipping). Within one
 seed every variant sees the same training batches, so a variant and the reference form a pair; the
 figure of merit is the cross-entropy on the whole validation split (every character predicted once).
 
 Expected-results cards. The two configurations the book trains, `gptbook train` (baby model, characters)
-and `gptbook train --tokenizer bpe` (baby model, BPE with 512 ids), 2,000 steps each: validation loss,
-bits per character (one scale for both tokenizers), wall time and tokens/s on this machine. The
-character card reuses bench/results/train.json (bench/train.py) when that file holds a 2,000-step run.
+and `gptbook train --tokenizer bpe` (baby model, BPE with 512 ids), 2,000 steps each: the validation loss on
+the whole split, bits per character (nats / ln 2 / characters per token, one scale for both tokenizers), the
+context in characters, the steady-state speed and the whole run's wall time, the machine and torch version.
 
 usage:
     python bench/experiments.py                   # everything, 1 torch thread: ~15 min on an idle core of a
@@ -27,6 +28,7 @@ Writes bench/results/experiments.json and bench/results/expected_results.json (o
 import argparse
 import json
 import math
+import multiprocessing
 import os
 import platform
 import shutil
@@ -34,6 +36,7 @@ import statistics
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -51,7 +54,6 @@ RESULTS = ROOT / "bench" / "results"
 # The baby model (4 layers, 4 heads, context 64) at half its width, so that 27 runs fit a CPU budget.
 ABLATION_MODEL = dict(n_layers=4, n_heads=4, d_model=64, max_seq_len=64, dropout=0.0)
 # A short run of the book's schedule: warmup then cosine to 10%; eval_* only draws the (cheap) val curve.
-# (At 400 steps every variant still sits near the bigram loss, ~2.4 nats, where context hardly matters.)
 ABLATION_TRAIN = dict(
     batch_size=12,
     max_iters=800,
@@ -88,6 +90,12 @@ VARIANTS = {
     "swiglu": dict(model={"ffn": "swiglu", "d_ff": SWIGLU_D_FF}, unscaled=False),
     "rmsnorm": dict(model={"norm": "rmsnorm"}, unscaled=False),
     "untied": dict(model={"tie_weights": False}, unscaled=False),
+    # the recipe: the same model, one training detail changed (train= overrides ABLATION_TRAIN)
+    "no_warmup": dict(model={}, unscaled=False, train={"warmup_iters": 0}),
+    "no_clip": dict(model={}, unscaled=False, train={"grad_clip": 0.0}),
+    "wd_0": dict(model={}, unscaled=False, train={"weight_decay": 0.0}),
+    "wd_embeddings": dict(model={}, unscaled=False, decay_embeddings=True),
+    "no_bias": dict(model={"bias": False}, unscaled=False),
 }
 
 # (name, question, [(label, variant), ...]); the first row of each is the reference it is compared with
@@ -113,6 +121,18 @@ ABLATIONS = [
     ("ffn", "GELU or SwiGLU?", [("GELU (tanh), d_ff 256", "reference"), (f"SwiGLU, d_ff {SWIGLU_D_FF}", "swiglu")]),
     ("norm", "LayerNorm or RMSNorm?", [("LayerNorm", "reference"), ("RMSNorm", "rmsnorm")]),
     ("tie_weights", "Tie the output head to the embedding?", [("tied", "reference"), ("untied", "untied")]),
+    (
+        "recipe",
+        "Which details of the training recipe matter?",
+        [
+            ("the book's recipe", "reference"),
+            ("no warmup (0 steps, not 80)", "no_warmup"),
+            ("no clipping (not 1.0)", "no_clip"),
+            ("weight decay 0 (not 0.1)", "wd_0"),
+            ("decay on the embedding too", "wd_embeddings"),
+            ("no biases", "no_bias"),
+        ],
+    ),
 ]
 
 
@@ -150,6 +170,20 @@ def build_model(variant: str, vocab_size: int, seed: int, model: dict | None = N
     return gpt
 
 
+def decay_embeddings_too(trainer: Trainer) -> None:
+    """Give `trainer` an AdamW that decays the embedding table as well (nanoGPT's rule: every 2-D tensor decays).
+
+    `gptbook.train.param_groups` keeps embeddings (and so the tied head) out of weight decay; this variant
+    puts them in. It replaces the optimizer before the first step, with the trainer's lr, decay and betas."""
+    cfg = trainer.cfg
+    params = list(dict.fromkeys(p for p in trainer.model.parameters() if p.requires_grad))
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    trainer.optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
+
+
 @torch.no_grad()
 def full_val_loss(model: GPT, val, context_len: int, batch_size: int = 128) -> float:
     "Mean cross-entropy (nats/token) over the whole split `val`, cut into non-overlapping windows of context_len."
@@ -177,20 +211,27 @@ def _timing(history: list) -> tuple:
     return (sum(ms * k for ms, k in timed) / n if n else None), n
 
 
-def run_one(variant: str, seed: int, data, train: dict | None = None, model: dict | None = None) -> dict:
-    "Train one ablation run with the real Trainer; returns its record (val loss on the whole split, curves, timing)."
-    net = build_model(variant, data.vocab_size, seed, model)
-    out = Path(tempfile.mkdtemp(prefix=f"gptbook-exp-{variant}-"))
-    cfg = TrainConfig(
-        out_dir=str(out),
-        **{**ABLATION_TRAIN, **(train or {})},
+def train_config(variant: str, seed: int, out_dir, train: dict | None = None) -> TrainConfig:
+    "The TrainConfig of one run: ABLATION_TRAIN, then `train` (the command line's), then the variant's own changes."
+    return TrainConfig(
+        out_dir=str(out_dir),
+        **{**ABLATION_TRAIN, **(train or {}), **VARIANTS[variant].get("train", {})},
         seed=seed,
         device="cpu",
         dtype="float32",
         progress=False,
         keep_last=1,
     )
+
+
+def run_one(variant: str, seed: int, data, train: dict | None = None, model: dict | None = None) -> dict:
+    "Train one ablation run with the real Trainer; returns its record (val loss on the whole split, curves, timing)."
+    net = build_model(variant, data.vocab_size, seed, model)
+    out = Path(tempfile.mkdtemp(prefix=f"gptbook-exp-{variant}-"))
+    cfg = train_config(variant, seed, out, train)
     trainer = Trainer(net, data, cfg, net.config)
+    if VARIANTS[variant].get("decay_embeddings"):
+        decay_embeddings_too(trainer)
     t0, diverged = time.perf_counter(), False
     try:
         trainer.fit()
@@ -303,6 +344,73 @@ def conclusion(rows: list) -> str:
     return "; ".join(parts) + "."
 
 
+def t_pvalue(t: float, df: int) -> float:
+    """Two-sided p-value of Student's t with `df` (a whole number) degrees of freedom: P(|T| >= |t|).
+
+    The finite sums of Abramowitz & Stegun 26.7.3-4 in theta = atan(t / sqrt(df)); for df = 2 it is
+    1 - |t| / sqrt(t^2 + 2). Example: t_pvalue(4.303, 2) is 0.05."""
+    theta = math.atan(abs(t) / math.sqrt(df))
+    c2, term, total = math.cos(theta) ** 2, 1.0, 1.0
+    if df % 2 == 0:  # sin(theta) (1 + 1/2 cos^2 + 1*3/(2*4) cos^4 + ...), df/2 terms
+        for k in range(1, df // 2):
+            term *= c2 * (2 * k - 1) / (2 * k)
+            total += term
+        inside = math.sin(theta) * total
+    else:  # (2/pi) (theta + sin cos (1 + 2/3 cos^2 + 2*4/(3*5) cos^4 + ...)), (df-1)/2 terms
+        for k in range(1, (df - 1) // 2):
+            term *= c2 * (2 * k) / (2 * k + 1)
+            total += term
+        inside = 2 / math.pi * (theta + (math.sin(theta) * math.cos(theta) * total if df > 1 else 0.0))
+    return max(0.0, 1.0 - inside)
+
+
+def holm(pvalues: list) -> list:
+    """Holm-Bonferroni adjusted p-values, in the order given: the k-th smallest of m is multiplied by m - k
+    (k from 0), made non-decreasing in that order and capped at 1. Reject where the adjusted p <= alpha: the
+    chance of any false 'measured' among all m comparisons is then at most alpha."""
+    m = len(pvalues)
+    order = sorted(range(m), key=lambda i: pvalues[i])
+    adjusted, running = [0.0] * m, 0.0
+    for k, i in enumerate(order):
+        running = max(running, min(1.0, (m - k) * pvalues[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+def all_comparisons(ablations: list, alpha: float = 0.05) -> list:
+    """Every compared row of every ablation as one family: paired t = mean(d) / (sd(d) / sqrt(n)) on n - 1 degrees
+    of freedom, its two-sided p, the Holm-adjusted p over the whole family and the verdict at level `alpha`."""
+    rows = []
+    for a in ablations:
+        ref = a["rows"][0]["val_losses"]
+        for r in a["rows"][1:]:
+            d = [v - x for x, v in zip(ref, r["val_losses"])]
+            mean, std = _mean_std(d)
+            t = mean / (std / math.sqrt(len(d)))
+            rows.append(
+                {"ablation": a["name"], "label": r["label"], "variant": r["variant"], "d": d, "mean": mean}
+                | {"std": std, "t": t, "df": len(d) - 1, "p": t_pvalue(t, len(d) - 1), "rule": r["verdict"]}
+            )
+    for r, p_adj in zip(rows, holm([r["p"] for r in rows])):
+        r["p_holm"] = p_adj
+        r["holm"] = ("worse" if r["mean"] > 0 else "better") if p_adj <= alpha else "no measurable difference"
+    return rows
+
+
+def comparisons_table(rows: list) -> str:
+    "Markdown table of `all_comparisons` (the chapter prints exactly this)."
+    lines = [
+        "| ablation | variant | mean d ± sd (nats/char) | t | p | p, Holm | verdict, Holm at 0.05 | 2-SE rule |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['ablation']} | {r['label']} | {r['mean']:+.3f} ± {r['std']:.3f} | {r['t']:+.1f} | {r['p']:.4f} "
+            f"| {r['p_holm']:.3f} | {r['holm']} | {r['rule']} |"
+        )
+    return "\n".join(lines)
+
+
 def ablation_table(ablation: dict) -> str:
     "A markdown table of one ablation (the chapter prints exactly this; tests/test_experiments.py checks it)."
     lines = [
@@ -377,11 +485,16 @@ def val_chars_per_token(data) -> tuple:
     return len(ids), len(data.tokenizer.decode(ids))
 
 
+def context_chars(data, context_len: int) -> float:
+    "Mean number of characters in a window of `context_len` tokens: the split's non-overlapping windows, decoded."
+    ids = [int(t) for t in data.val]
+    windows = [ids[i : i + context_len] for i in range(0, len(ids) - context_len + 1, context_len)]
+    return statistics.fmean(len(data.tokenizer.decode(w)) for w in windows)
+
+
 def run_card(name: str, tokenizer: str, bpe_vocab_size: int = 512, steps: int = 2000, eval_interval: int = 250) -> dict:
     "Train one configuration of the book exactly as `gptbook train` does (CPU, float32) and make its card."
-    t0 = time.perf_counter()
     data = load_token_data(tokenizer, bpe_vocab_size)
-    tokenize_s = time.perf_counter() - t0
     out = Path(tempfile.mkdtemp(prefix=f"gptbook-card-{name}-"))
     cfg = TrainConfig(
         out_dir=str(out),
@@ -399,115 +512,82 @@ def run_card(name: str, tokenizer: str, bpe_vocab_size: int = 512, steps: int = 
     finally:
         shutil.rmtree(out, ignore_errors=True)
     wall = time.perf_counter() - t0
-    ms, _ = _timing(trainer.history)
     n_tok, n_chars = val_chars_per_token(data)
-    last = trainer.history[-1]
-    whole = full_val_loss(trainer.model, data.val, trainer.context_len)
     return make_card(
         name,
         tokenizer,
-        data.vocab_size,
-        trainer.model.num_params(),
-        cfg,
-        trainer.context_len,
-        last["val_loss"],
-        last["train_loss"],
-        n_tok,
-        n_chars,
-        wall,
-        ms,
-        load0,
-        [(r["iter"], round(r["val_loss"], 4)) for r in trainer.history],
-        source="measured by bench/experiments.py",
-        val_loss_whole_split=whole,
-        tokenize_s=tokenize_s,
+        data,
+        trainer,
+        val_loss=full_val_loss(trainer.model, data.val, trainer.context_len),
+        wall_s=wall,
+        load_avg=load0,
     )
 
 
-def make_card(
-    name,
-    tokenizer,
-    vocab_size,
-    num_params,
-    cfg,
-    context_len,
-    val_loss,
-    train_loss,
-    n_tok,
-    n_chars,
-    wall_s,
-    ms_per_step,
-    load_avg,
-    val_curve,
-    source,
-    val_loss_whole_split=None,
-    tokenize_s=None,
-) -> dict:
-    tokens_per_step = cfg.batch_size * context_len * cfg.grad_accum
-    tps = tokens_per_step * 1000 / ms_per_step
+def make_card(name, tokenizer, data, trainer, val_loss, wall_s, load_avg) -> dict:
+    """The card of a finished run: whole-split validation loss, bits per character, context in characters, timing.
+
+    The speed fields (ms_per_step, tokens_per_sec, chars_per_sec) are filled in by `add_speed`, from the steady
+    state; `ms_per_step_whole_run` is the run's own average over its training steps (evaluations left out)."""
+    cfg, n_tok, n_chars = trainer.cfg, *val_chars_per_token(data)
+    cpt = n_chars / n_tok
+    last = trainer.history[-1]
     return {
         "name": name,
         "command": "gptbook train" + (" --tokenizer bpe" if tokenizer == "bpe" else ""),
         "tokenizer": tokenizer,
-        "vocab_size": vocab_size,
-        "num_params": num_params,
+        "vocab_size": data.vocab_size,
+        "num_params": trainer.model.num_params(),
         "steps": cfg.max_iters,
         "batch_size": cfg.batch_size,
-        "context_len": context_len,
-        "tokens_per_step": tokens_per_step,
+        "context_len": trainer.context_len,
+        "context_chars": round(context_chars(data, trainer.context_len), 1),
+        "tokens_per_step": cfg.batch_size * trainer.context_len * cfg.grad_accum,
         "val_tokens": n_tok,
         "val_chars": n_chars,
-        "chars_per_token": round(n_chars / n_tok, 4),
+        "chars_per_token": round(cpt, 4),
         "val_loss": round(val_loss, 4),
-        "train_loss": round(train_loss, 4),
         "bits_per_token": round(val_loss / math.log(2), 4),
-        "bits_per_char": round(bits_per_char(val_loss, n_tok, n_chars), 4),
-        "val_loss_whole_split": None if val_loss_whole_split is None else round(val_loss_whole_split, 4),
-        "bits_per_char_whole_split": None
-        if val_loss_whole_split is None
-        else round(bits_per_char(val_loss_whole_split, n_tok, n_chars), 4),
+        "bits_per_char": round(val_loss / math.log(2) / cpt, 4),
+        "val_loss_sampled": round(last["val_loss"], 4),
+        "train_loss_sampled": round(last["train_loss"], 4),
         "wall_s": round(wall_s, 1),
-        "ms_per_step": round(ms_per_step, 2),
-        "tokens_per_sec": round(tps),
-        "chars_per_sec": round(tps * n_chars / n_tok),
+        "ms_per_step_whole_run": round(_timing(trainer.history)[0], 2),
         "load_avg_before": load_avg,
-        "tokenize_s": None if tokenize_s is None else round(tokenize_s, 1),
-        "val_curve": val_curve,
-        "source": source,
+        "machine": machine_info(torch.get_num_threads()),
+        "val_curve": [(r["iter"], round(r["val_loss"], 4)) for r in trainer.history],
+        "source": "measured by bench/experiments.py",
     }
 
 
-def char_card_from_train_json(path: Path = RESULTS / "train.json", steps: int = 2000):
-    "The character card from bench/train.py's measurement of `gptbook train`, if it holds a run of `steps` steps."
-    if not path.is_file():
-        return None
-    res = json.loads(path.read_text())
-    ours = res.get("gptbook") or {}
-    if ours.get("iters") != steps or "val_loss_at_end" not in ours:
-        return None
-    data = load_token_data("char")
-    n_tok, n_chars = val_chars_per_token(data)
-    cfg = TrainConfig(max_iters=steps)
-    num_params = GPT(GPTConfig.from_preset("baby", data.vocab_size)).num_params()
-    card = make_card(
-        "baby-char",
-        "char",
-        data.vocab_size,
-        num_params,
-        cfg,
-        res["config"]["context"],
-        ours["val_loss_at_end"],
-        ours["train_loss_at_end"],
-        n_tok,
-        n_chars,
-        ours["wall_s"],
-        ours["ms_per_iter"],
-        ours.get("load_avg_before"),
-        ours.get("val_curve"),
-        source="bench/results/train.json (bench/train.py)",
-    )
-    card["threads"] = res.get("machine", {}).get("threads")
-    return card
+def check_card(card: dict, tol: float = 2e-4) -> None:
+    """Raise ValueError naming every derived field of `card` that its own fields do not reproduce.
+
+    bits/char = val_loss / ln 2 / chars_per_token, chars_per_token = val_chars / val_tokens, and so on."""
+    missing = [
+        k
+        for k in ("val_loss", "val_tokens", "val_chars", "chars_per_token", "wall_s", "machine")
+        if card.get(k) is None
+    ]
+    if missing:
+        raise ValueError(f"card {card['name']}: inconsistent, missing " + ", ".join(missing))
+    cpt = card["val_chars"] / card["val_tokens"]
+    speed = card["tokens_per_step"] * 1000 / card["ms_per_step"]  # tokens/s at the card's steady-state ms/step
+    want = {
+        "chars_per_token": (cpt, tol),
+        "bits_per_token": (card["val_loss"] / math.log(2), tol),
+        "bits_per_char": (card["val_loss"] / math.log(2) / card["chars_per_token"], tol),
+        "tokens_per_step": (card["batch_size"] * card["context_len"], 0),
+        "tokens_per_sec": (speed, 1 + 1e-3 * speed),
+        "chars_per_sec": (speed * card["chars_per_token"], 1 + 1e-3 * speed * card["chars_per_token"]),
+    }
+    bad = [
+        f"{k}={card[k]} (from the card's other fields: {v:.4f})" for k, (v, t) in want.items() if abs(card[k] - v) > t
+    ]
+    if not 0.9 * card["context_len"] <= card["context_chars"] / card["chars_per_token"] <= 1.1 * card["context_len"]:
+        bad.append(f"context_chars={card['context_chars']} (not about context_len x chars_per_token)")
+    if bad:
+        raise ValueError(f"card {card['name']}: inconsistent " + "; ".join(bad))
 
 
 def speed_probe(datasets: dict, steps: int = 20, rounds: int = 5) -> dict:
@@ -536,14 +616,14 @@ def speed_probe(datasets: dict, steps: int = 20, rounds: int = 5) -> dict:
     return best
 
 
-def add_speed(card: dict, ms_best: float) -> dict:
-    "Add the best-burst speed to a card."
-    tps = card["tokens_per_step"] * 1000 / ms_best
+def add_speed(card: dict, ms_steady: float) -> dict:
+    "Add the steady-state speed (the best burst of `speed_probe`) to a card."
+    tps = card["tokens_per_step"] * 1000 / ms_steady
     return {
         **card,
-        "ms_per_step_best": round(ms_best, 2),
-        "tokens_per_sec_best": round(tps),
-        "chars_per_sec_best": round(tps * card["chars_per_token"]),
+        "ms_per_step": round(ms_steady, 2),
+        "tokens_per_sec": round(tps),
+        "chars_per_sec": round(tps * card["chars_per_token"]),
     }
 
 
@@ -553,16 +633,17 @@ def cards_table(cards: list) -> str:
         ("command", lambda c: f"`{c['command']}`"),
         ("vocabulary", lambda c: f"{c['vocab_size']:,}"),
         ("parameters", lambda c: f"{c['num_params']:,}"),
-        ("steps", lambda c: f"{c['steps']:,}"),
-        ("tokens per step", lambda c: f"{c['tokens_per_step']:,}"),
-        ("val loss (nats/token)", lambda c: f"{c['val_loss']:.3f}"),
-        ("train loss (nats/token)", lambda c: f"{c['train_loss']:.3f}"),
-        ("characters per token (val)", lambda c: f"{c['chars_per_token']:.2f}"),
+        ("steps × tokens per step", lambda c: f"{c['steps']:,} × {c['tokens_per_step']:,}"),
+        ("context: tokens (≈ characters)", lambda c: f"{c['context_len']} (≈ {c['context_chars']:.0f})"),
+        ("characters per token (val)", lambda c: f"{c['chars_per_token']:.3f}"),
+        ("val loss, whole split (nats/token)", lambda c: f"{c['val_loss']:.3f}"),
         ("**bits per character (val)**", lambda c: f"**{c['bits_per_char']:.3f}**"),
-        ("wall time of the run", lambda c: f"{c['wall_s']:.0f} s"),
-        ("tokens/s, whole run", lambda c: f"{c['tokens_per_sec']:,}"),
-        ("tokens/s, best burst", lambda c: f"{c['tokens_per_sec_best']:,}"),
-        ("characters/s, best burst", lambda c: f"{c['chars_per_sec_best']:,}"),
+        ("val − train gap, sampled (nats/token)", lambda c: f"{c['val_loss_sampled'] - c['train_loss_sampled']:.3f}"),
+        ("steady state: ms/step", lambda c: f"{c['ms_per_step']:.1f}"),
+        ("steady state: tokens/s (characters/s)", lambda c: f"{c['tokens_per_sec']:,} ({c['chars_per_sec']:,})"),
+        ("wall time of the whole run", lambda c: f"{c['wall_s']:.0f} s"),
+        ("machine", lambda c: f"{c['machine']['cpu']}, {c['machine']['threads']} thread(s)"),
+        ("torch", lambda c: c["machine"]["torch"]),
     ]
     lines = ["| | " + " | ".join(c["name"] for c in cards) + " |", "|---|" + "---|" * len(cards)]
     lines += [f"| {label} | " + " | ".join(fmt(c) for c in cards) + " |" for label, fmt in rows]
@@ -584,7 +665,7 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=ABLATION_TRAIN["max_iters"], help="training steps per ablation run")
     ap.add_argument("--card-steps", type=int, default=2000)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier timings on a shared machine)")
-    ap.add_argument("--rerun-char-card", action="store_true", help="train the char card even if train.json has it")
+    ap.add_argument("--parallel-cards", action="store_true", help="train the two cards' runs in two processes at once")
     ap.add_argument("--out", type=Path, help="folder for the JSON files (default bench/results; --quick: none)")
     ap.add_argument("--variants", nargs="+", choices=list(VARIANTS), help="run only these ablation variants")
     ap.add_argument(
@@ -648,6 +729,8 @@ def main(argv=None):
                         "model_overrides": v["model"],
                         "unscaled_attention": v["unscaled"],
                         "pe_scale": v.get("pe_scale"),
+                        **({"train_overrides": v["train"]} if "train" in v else {}),
+                        **({"decay_embeddings": True} if v.get("decay_embeddings") else {}),
                     }
                     for k, v in VARIANTS.items()
                 },
@@ -663,40 +746,53 @@ def main(argv=None):
             print(f"wrote {out / 'experiments.json'}")
 
     if args.only in (None, "cards"):
-        cards = []
-        char = None if (args.quick or args.rerun_char_card) else char_card_from_train_json(steps=args.card_steps)
-        if char is None:
-            print(f"card baby-char: training {args.card_steps} steps ...", flush=True)
-            char = run_card("baby-char", "char", steps=args.card_steps)
-            char["threads"] = args.threads
-        cards.append(char)
-        print(f"card baby-bpe512: training {args.card_steps} steps ...", flush=True)
-        bpe = run_card("baby-bpe512", "bpe", 512, steps=args.card_steps)
-        bpe["threads"] = args.threads
-        cards.append(bpe)
-        print("speed probe: interleaved bursts of 20 steps, best of 5 ...", flush=True)
-        ms = speed_probe(
-            {"baby-char": load_token_data("char"), "baby-bpe512": load_token_data("bpe", 512)},
-            steps=2 if args.quick else 20,
-            rounds=1 if args.quick else 5,
-        )
-        cards = [add_speed(c, ms[c["name"]]) for c in cards]
-        res = {
-            "date": stamp,
-            "command": command.strip(),
-            "machine": {**machine, "load_avg_after": _load()},
-            "definition": "bits/char = val_loss (nats/token) * val tokens / (val chars * ln 2), over the "
-            "validation split (last 10% of the ids); val_loss is the trainer's last evaluation "
-            "(20 batches of 12 x 64 tokens); *_whole_split use every window of the split. "
-            "tokens_per_sec: the whole run's training steps; *_best: the fastest of 5 interleaved "
-            "bursts of 20 steps (speed_probe), the closest to the machine's own speed",
-            "cards": cards,
-        }
-        print("\n" + cards_table(cards))
-        if out is not None:
-            out.mkdir(parents=True, exist_ok=True)
-            (out / "expected_results.json").write_text(json.dumps(res, indent=1, ensure_ascii=False) + "\n")
-            print(f"wrote {out / 'expected_results.json'}")
+        make_cards(args.card_steps, args.quick, out, command.strip(), stamp, machine, args.parallel_cards)
+
+
+def make_cards(steps: int, quick: bool, out, command: str, stamp: str, machine: dict, parallel: bool = False) -> list:
+    """Train both cards' runs (one after the other, or with `parallel` in two processes at once), measure their
+    steady-state speed, check them and write expected_results.json."""
+    t0, jobs = time.perf_counter(), [("baby-char", "char", 512, steps), ("baby-bpe512", "bpe", 512, steps)]
+    print(f"cards: training {steps} steps each{' in two processes' if parallel else ''} ...", flush=True)
+    if parallel:
+        with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("fork")) as pool:
+            cards = list(pool.map(run_card, *zip(*jobs)))
+    else:
+        cards = [run_card(*job) for job in jobs]
+    print("speed probe: interleaved bursts of 20 steps, best of 5 ...", flush=True)
+    ms = speed_probe(
+        {"baby-char": load_token_data("char"), "baby-bpe512": load_token_data("bpe", 512)},
+        steps=2 if quick else 20,
+        rounds=1 if quick else 5,
+    )
+    cards = [add_speed(c, ms[c["name"]]) for c in cards]
+    for c in cards:
+        check_card(c)
+    res = {
+        "date": stamp,
+        "command": command,
+        "machine": {**machine, "load_avg_after": _load()},
+        "total_wall_s": round(time.perf_counter() - t0, 1),
+        "definition": CARD_DEFINITION,
+        "cards": cards,
+    }
+    print("\n" + cards_table(cards))
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "expected_results.json").write_text(json.dumps(res, indent=1, ensure_ascii=False) + "\n")
+        print(f"wrote {out / 'expected_results.json'}")
+    return cards
+
+
+CARD_DEFINITION = (
+    "val_loss: mean cross-entropy (nats/token) over the whole validation split (last 10% of the ids, every "
+    "non-overlapping window of context_len); bits_per_char = val_loss / ln 2 / chars_per_token, with "
+    "chars_per_token = val_chars / val_tokens of that split; context_chars: mean characters in one window of "
+    "context_len tokens of the split; *_sampled: the trainer's last evaluation (20 random batches). "
+    "ms_per_step, tokens_per_sec, chars_per_sec: the steady state, the fastest of 5 interleaved bursts of 20 "
+    "steps (speed_probe); wall_s: the whole run, evaluations and checkpoints included; ms_per_step_whole_run: "
+    "its training steps only, on a machine other jobs shared (load_avg_before)"
+)
 
 
 if __name__ == "__main__":

@@ -113,25 +113,115 @@ def test_reference_run_shared_by_every_ablation(results):
 
 
 def test_expected_results_json(expected):
+    "Every card is consistent with itself (check_card), gives the whole-split loss, the machine and the context."
     cards = {c["name"]: c for c in expected["cards"]}
     assert set(cards) == {"baby-char", "baby-bpe512"}
     for c in cards.values():
+        E.check_card(c)
         assert c["steps"] == 2000 and c["context_len"] == 64 and c["batch_size"] == 12
-        assert c["bits_per_char"] == pytest.approx(
-            c["val_loss"] * c["val_tokens"] / (c["val_chars"] * math.log(2)), abs=2e-4
-        )
-        assert c["bits_per_token"] == pytest.approx(c["val_loss"] / math.log(2), abs=2e-4)
-        assert c["tokens_per_sec"] == pytest.approx(c["tokens_per_step"] * 1000 / c["ms_per_step"], rel=1e-3)
-        assert c["chars_per_sec"] == pytest.approx(c["tokens_per_sec"] * c["chars_per_token"], rel=1e-3)
-        assert c["tokens_per_sec_best"] == pytest.approx(c["tokens_per_step"] * 1000 / c["ms_per_step_best"], rel=1e-3)
-        assert c["chars_per_sec_best"] == pytest.approx(c["tokens_per_sec_best"] * c["chars_per_token"], rel=1e-3)
-        assert 0.5 < c["bits_per_char"] < 4 and c["wall_s"] > 0
-        assert c["val_curve"][-1][0] == 2000 and c["val_curve"][-1][1] == pytest.approx(c["val_loss"], abs=1e-3)
+        assert 0.5 < c["bits_per_char"] < 4 and c["wall_s"] > 0 and c["ms_per_step"] > 0
+        assert c["val_curve"][-1][0] == 2000 and c["val_curve"][-1][1] == pytest.approx(c["val_loss_sampled"], abs=1e-3)
+        assert abs(c["val_loss"] - c["val_loss_sampled"]) < 0.1, "whole split and 20 batches estimate one loss"
+        assert c["machine"]["cpu"] and c["machine"]["torch"] and c["machine"]["threads"] >= 1
     char, bpe = cards["baby-char"], cards["baby-bpe512"]
     assert char["vocab_size"] == 65 and char["val_tokens"] == char["val_chars"] == 111_540  # last 10% of 1,115,394
+    assert char["context_chars"] == 64 and char["bits_per_char"] == char["bits_per_token"]
     assert bpe["vocab_size"] == 512 and 1.5 < bpe["chars_per_token"] < 3
-    m = expected["machine"]
-    assert m["cpu"] and m["torch"] and m["cores"] >= 1
+    assert bpe["context_chars"] == pytest.approx(64 * bpe["chars_per_token"], rel=0.05)
+
+
+def test_bits_per_char_recomputed_from_each_cards_own_fields(expected):
+    "bits/char = nats / ln 2 / characters per token, with characters per token = val chars / val tokens."
+    for c in expected["cards"]:
+        cpt = c["val_chars"] / c["val_tokens"]
+        assert c["chars_per_token"] == pytest.approx(cpt, abs=1e-4)
+        assert c["bits_per_char"] == pytest.approx(c["val_loss"] / math.log(2) / cpt, abs=2e-4)
+        assert c["bits_per_char"] == pytest.approx(
+            E.bits_per_char(c["val_loss"], c["val_tokens"], c["val_chars"]), abs=2e-4
+        )
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("bits_per_char", +0.05), ("chars_per_token", +0.1), ("val_loss", +0.05), ("tokens_per_sec", +100)]
+    + [("context_chars", +40.0), ("bits_per_token", -0.01)],
+)
+def test_check_card_rejects_an_inconsistent_card(expected, field, value):
+    bad = {**expected["cards"][-1]}
+    bad[field] += value
+    with pytest.raises(ValueError, match="inconsistent"):
+        E.check_card(bad)
+
+
+def test_check_card_rejects_a_card_without_a_whole_split_loss(expected):
+    with pytest.raises(ValueError, match="missing val_loss"):
+        E.check_card({**expected["cards"][0], "val_loss": None})
+
+
+# --- the statistics ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("t, df", [(12.706, 1), (4.303, 2), (3.182, 3), (2.776, 4), (2.571, 5), (2.228, 10)])
+def test_t_pvalue_at_textbook_critical_values(t, df):
+    "The 97.5% quantiles of Student's t: two-sided p = 0.05 (to the tables' three decimals)."
+    assert E.t_pvalue(t, df) == pytest.approx(0.05, abs=2e-4)
+    assert E.t_pvalue(-t, df) == E.t_pvalue(t, df) and E.t_pvalue(0.0, df) == pytest.approx(1.0)
+    assert E.t_pvalue(2 * t, df) < 0.05 < E.t_pvalue(t / 2, df)
+
+
+def test_t_pvalue_df2_closed_form():
+    for t in (0.5, 3.0, 13.7, 40.0):
+        assert E.t_pvalue(t, 2) == pytest.approx(1 - t / math.sqrt(t * t + 2), rel=1e-12)
+
+
+def test_holm_by_hand():
+    # sorted: 0.01 x 4 = 0.04, 0.02 x 3 = 0.06, 0.03 x 2 = 0.06, 0.5 x 1 = 0.5
+    assert E.holm([0.03, 0.01, 0.5, 0.02]) == pytest.approx([0.06, 0.04, 0.5, 0.06])
+    assert E.holm([0.9, 0.8]) == pytest.approx([1.0, 1.0])  # capped at 1, never below an earlier step
+
+
+def test_all_comparisons_is_one_family_over_every_ablation_row(results):
+    rows = E.all_comparisons(results["ablations"])
+    assert len(rows) == sum(len(a["rows"]) - 1 for a in results["ablations"])
+    for r in rows:
+        d = np.array(r["d"])
+        assert r["t"] == pytest.approx(d.mean() / (d.std(ddof=1) / math.sqrt(len(d))))
+        assert r["p"] <= r["p_holm"] <= 1
+        assert r["p_holm"] <= r["p"] * len(rows) + 1e-12  # never stricter than Bonferroni
+        assert (r["holm"] != "no measurable difference") == (r["p_holm"] <= 0.05)
+
+
+def test_recipe_variants_change_only_their_setting(tmp_path):
+    base = E.train_config("reference", 0, tmp_path)
+    for variant, field, value in [
+        ("no_warmup", "warmup_iters", 0),
+        ("no_clip", "grad_clip", 0.0),
+        ("wd_0", "weight_decay", 0.0),
+    ]:
+        cfg = E.train_config(variant, 0, tmp_path)
+        assert getattr(cfg, field) == value and cfg.replace(**{field: getattr(base, field)}) == base
+    assert E.build_model("no_bias", 65, 0).config == E.build_model("reference", 65, 0).config.replace(bias=False)
+    assert E.build_model("no_bias", 65, 0).num_params() < E.build_model("reference", 65, 0).num_params()
+
+
+def test_decay_embeddings_too_puts_the_embedding_in_the_decayed_group(tmp_path):
+    from gptbook.data import TokenData, load_token_data
+    from gptbook.train import Trainer
+
+    full = load_token_data("char")
+    data = TokenData(full.train[:5_000], full.val[:1_000], full.tokenizer)
+    net = E.build_model("wd_embeddings", data.vocab_size, 0)
+    trainer = Trainer(net, data, E.train_config("wd_embeddings", 0, tmp_path), net.config)
+    before = trainer.optimizer.param_groups[0]["params"]
+    assert not any(p is net.wte.weight for p in before), "the book's rule: the embedding is not decayed"
+    E.decay_embeddings_too(trainer)
+    decayed, plain = trainer.optimizer.param_groups
+    assert decayed["weight_decay"] == 0.1 and plain["weight_decay"] == 0.0
+    assert any(p is net.wte.weight for p in decayed["params"]) and any(p is net.wpe.weight for p in decayed["params"])
+    assert {id(p) for p in before} < {id(p) for p in decayed["params"]}, "every matrix the book decays still decays"
+    assert all(p.dim() < 2 for p in plain["params"])
+    n = len({id(p) for p in net.parameters()})
+    assert len(decayed["params"]) + len(plain["params"]) == n
 
 
 # --- the chapter shows exactly the committed results ---------------------------------------------------
@@ -143,6 +233,7 @@ def test_chapter_tables_match_results(results, expected):
         assert E.ablation_table(a) in shown, f"the chapter's {a['name']} table is stale: re-execute the notebook"
         assert a["conclusion"] in shown
     assert E.cards_table(expected["cards"]) in shown, "the chapter's cards table is stale: re-execute the notebook"
+    assert E.comparisons_table(E.all_comparisons(results["ablations"])) in shown, "the Holm table is stale"
 
 
 def test_numbers_quoted_in_the_prose_are_in_the_tables(results):
