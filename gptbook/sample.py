@@ -176,6 +176,7 @@ def _min_p_filter(logits, min_p):
     return logits.masked_fill(logits - z_max < math.log(min_p), float("-inf"))
 
 # %% ../nbs/09_sampling.ipynb #49354090
+#| code-fold: true
 def filter_logits(
     logits: torch.Tensor,
     temperature: float = 1.0,
@@ -416,7 +417,8 @@ def _token_loop(model, seq, n_steps: int, config: SamplingConfig, generator, for
         yield nxt, logits
         seq = torch.cat([seq, nxt[:, None]], dim=1)  # (B, T + 1)
 
-
+# %% ../nbs/09_sampling.ipynb #05657956
+#| code-fold: true
 def generate_steps(
     model,
     idx: torch.Tensor,
@@ -493,6 +495,7 @@ def _fill_after_stop(new, n_new):
     return torch.where(after, last, new)[:, : int(n_new.max())]
 
 # %% ../nbs/09_sampling.ipynb #5e593efd
+#| code-fold: true
 def _left_align(idx, lengths):
     "Each row's first `shortest` real tokens (B, shortest), and the rest of its prompt to force: (tokens, mask) (B, S)."
     T = idx.size(1)
@@ -503,7 +506,7 @@ def _left_align(idx, lengths):
     forced_mask = cols < T  # (B, S) True while the row still has prompt tokens
     return seq, (idx.gather(1, cols.clamp(max=T - 1)), forced_mask)
 
-
+# %% ../nbs/09_sampling.ipynb #268243d4
 def generate(
     model,
     idx: torch.Tensor,
@@ -545,6 +548,7 @@ def generate(
     return torch.cat([idx, _fill_after_stop(new, n_new)], dim=1)  # (B, T + longest row)
 
 # %% ../nbs/09_sampling.ipynb #fd59a146
+#| code-fold: true
 def token_bytes(tokenizer, token_id: int) -> bytes | None:
     """The bytes of one token where the tokenizer has them: its `token_bytes(id)` (gptbook's adapter), its
     `vocab[id]` if that is bytes (BPETokenizer), tiktoken's `decode_single_token_bytes`; else None (text only)."""
@@ -611,6 +615,7 @@ def _held_back(text: str, stop_strings: tuple[str, ...]) -> int:
     return max((k for s in stop_strings for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
 
 # %% ../nbs/09_sampling.ipynb #73159662
+#| code-fold: true
 def _stream_text(steps, tokenizer, stop_ids: set[int], stop_strings: tuple[str, ...]) -> Iterator[str]:
     decoder = TextDecoder(tokenizer)
     pending, stopped = "", False  # pending: decoded but not yet yielded, as it could begin a stop string
