@@ -39,19 +39,6 @@ RESULTS = ROOT / "bench" / "results" / "nanogpt_checkpoint.json"
 DEFAULT_NANOGPT = Path(os.environ.get("NANOGPT_DIR", "/work/.mirror/karpathy+nanoGPT/repo"))  # a clone or bare git dir
 OUT_DIR = "out-ckpt"  # inside bench/.work/nanogpt/
 PROMPT = "ROMEO:"
-# nanoGPT README's CPU command (the line after "on CPU instead of GPU"), with our iteration count
-README_FLAGS = [
-    "--device=cpu",
-    "--compile=False",
-    "--eval_iters=20",
-    "--log_interval=1",
-    "--block_size=64",
-    "--batch_size=12",
-    "--n_layer=4",
-    "--n_head=4",
-    "--n_embd=128",
-    "--dropout=0.0",
-]
 
 
 def load_by_path(name: str, path: Path):
@@ -62,9 +49,13 @@ def load_by_path(name: str, path: Path):
     return module
 
 
+def _bench_train():
+    return load_by_path("bench_train", ROOT / "bench" / "train.py")
+
+
 def prepare_nanogpt(src: Path) -> Path:
     "nanoGPT's files (plus sample.py) and Tiny Shakespeare in its format, in bench/.work/nanogpt/, via bench/train.py."
-    bench_train = load_by_path("bench_train", ROOT / "bench" / "train.py")
+    bench_train = _bench_train()
     bench_train.NANOGPT_FILES = [*bench_train.NANOGPT_FILES, "sample.py"]
     dst = bench_train._extract_nanogpt(src)
     bench_train._write_nanogpt_data(dst)
@@ -88,7 +79,12 @@ def run(cmd: list[str], cwd: Path, threads) -> tuple[str, float]:
 
 def train_nanogpt(dst: Path, iters: int, eval_interval: int, threads) -> dict:
     "nanoGPT's train.py on the CPU; what it printed at each evaluation and its steady time per iteration."
-    flags = [*README_FLAGS, f"--max_iters={iters}", f"--lr_decay_iters={iters}", f"--eval_interval={eval_interval}"]
+    flags = [
+        *_bench_train().NANOGPT_CPU_FLAGS,
+        f"--max_iters={iters}",
+        f"--lr_decay_iters={iters}",
+        f"--eval_interval={eval_interval}",
+    ]
     cmd = [sys.executable, "train.py", "config/train_shakespeare_char.py", *flags, f"--out_dir={OUT_DIR}"]
     stdout, wall = run(cmd, dst, threads)
     evals = [

@@ -40,6 +40,19 @@ NANOGPT_REFERENCE = {  # from issue 6: nanoGPT's train.py, this configuration, "
     "source": "reference figure quoted in the project's issue 6 (not measured by this script)",
 }
 NANOGPT_FILES = ["train.py", "model.py", "configurator.py", "config/train_shakespeare_char.py"]
+# nanoGPT README's command for a CPU ("baby GPT"), without the iteration count (bench/nanogpt_checkpoint.py uses it too)
+NANOGPT_CPU_FLAGS = [
+    "--device=cpu",
+    "--compile=False",
+    "--eval_iters=20",
+    "--log_interval=1",
+    "--block_size=64",
+    "--batch_size=12",
+    "--n_layer=4",
+    "--n_head=4",
+    "--n_embd=128",
+    "--dropout=0.0",
+]
 
 
 def _env(threads):
@@ -135,18 +148,9 @@ def run_nanogpt(src: Path, iters: int, threads) -> dict:
         sys.executable,
         "train.py",
         "config/train_shakespeare_char.py",
-        "--device=cpu",
-        "--compile=False",
-        "--eval_iters=20",
-        "--log_interval=1",
-        "--block_size=64",
-        "--batch_size=12",
-        "--n_layer=4",
-        "--n_head=4",
-        "--n_embd=128",
+        *NANOGPT_CPU_FLAGS,
         f"--max_iters={iters}",
         f"--lr_decay_iters={iters}",
-        "--dropout=0.0",
         "--out_dir=out-bench",
         "--always_save_checkpoint=False",
     ]
