@@ -95,7 +95,7 @@ padding:.6em .8em;margin:1em 0;color:inherit;overflow-wrap:anywhere}
 #ID .gbw-title{margin:0 0 .4em;font-weight:600}
 #ID .gbw-controls{display:flex;flex-wrap:wrap;gap:.4em 1.4em;align-items:center;margin-bottom:.5em}
 #ID .gbw-ctl{display:inline-flex;flex-wrap:wrap;align-items:center;gap:.35em;max-width:100%}
-#ID input[type=range]{width:10em;max-width:100%;accent-color:#2f7fd8}
+#ID input[type=range]{width:9em;max-width:100%;accent-color:#2f7fd8}
 #ID select,#ID button{font:inherit;color:inherit;background:transparent;border:1px solid rgba(128,128,128,.6);
 border-radius:4px;padding:.1em .4em;max-width:100%}
 #ID output{font-variant-numeric:tabular-nums;min-width:2.5em}
@@ -313,7 +313,7 @@ def _softmax(z: np.ndarray) -> np.ndarray:
     return e / e.sum(-1, keepdims=True)
 
 
-def _bar_rows(labels: list, probs, ref, x0: int = 120, width: int = 400, row: int = 26) -> str:
+def _bar_rows(labels: list, probs, ref, x0: int = 90, width: int = 250, row: int = 26) -> str:
     "SVG rows: a label, the probability as a bar, the reference probability as an outline, and the value."
     out = []
     for r, (label, p, q) in enumerate(zip(labels, probs, ref)):
@@ -328,7 +328,7 @@ def _bar_rows(labels: list, probs, ref, x0: int = 120, width: int = 400, row: in
 
 
 _SAMPLING_JS = """
-    var W = 400, rows = root.querySelectorAll(".gbw-row"), status = root.querySelector(".gbw-status");
+    var W = 250, rows = root.querySelectorAll(".gbw-row"), status = root.querySelector(".gbw-status");
     function larger(a, b) { return a < b ? 1 : a > b ? -1 : 0; }  // for sort: largest first, -Infinity too
     function descending(z) {  // indices by logit, largest first, ties in vocabulary order (torch's stable sort)
       return z.map(function (_, i) { return i; }).sort(function (a, b) { return larger(z[a], z[b]) || a - b; });
@@ -377,7 +377,7 @@ _SAMPLING_JS = """
 """
 
 _SAMPLING_CSS = """
-#ID svg{max-width:600px}
+#ID svg{max-width:480px}
 #ID svg text{font-size:15px}
 #ID .gbw-label{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace}
 #ID .gbw-ref{fill:none;stroke:currentColor;stroke-opacity:.5}
@@ -389,7 +389,7 @@ _SAMPLING_CSS = """
 def _sampling_figure(tokens: list, z: np.ndarray, rows: int) -> str:
     "The bars at the first settings (temperature 1, no filter: the model's own distribution) and the status line."
     order, probs, vocab = np.argsort(-z, kind="stable")[:rows], _softmax(z), len(tokens)
-    svg = f'<svg viewBox="0 0 600 {rows * 26 + 4}" role="img" aria-label="the most likely next tokens">'
+    svg = f'<svg viewBox="0 0 420 {rows * 26 + 4}" role="img" aria-label="the most likely next tokens">'
     svg += _bar_rows([tokens[i] for i in order], probs[order], probs[order]) + "</svg>"
     top = f"{probs[order[0]]:.4f}"
     status = f"Kept {vocab} of {vocab} tokens; the most likely now has probability {top} (the model's own: {top})."
@@ -538,23 +538,23 @@ def rope_score(q, k, theta, m: int, n: int) -> float:
 
 # %% ../nbs/A5_widgets.ipynb #415d46fe
 #| code-fold: true
-def _dial_svg(q, k, theta, m: int, n: int, scale: float, cols: int = 4, size: int = 150) -> str:
-    "One dial per pair: q's pair rotated by m * theta_i (solid) and k's by n * theta_i (dashed)."
-    rows = -(-len(theta) // cols)
-    out = [f'<svg viewBox="0 0 {cols * size} {rows * (size + 34)}" role="img" aria-label="one dial per pair">']
+def _dial_svg(q, k, theta, m: int, n: int, scale: float, size: int = 150) -> str:
+    "One small SVG per pair (they wrap): q's pair rotated by m * theta_i (solid) and k's by n * theta_i (dashed)."
+    out = ['<div class="gbw-dials">']
     for i in range(len(theta)):
-        cx, cy, r = (i % cols) * size + size / 2, (i // cols) * (size + 34) + size / 2, size / 2 - 10
+        cx, cy, r = size / 2, size / 2, size / 2 - 10
         lines = []
         for vec, pos, cls in ((q, m, "gbw-q"), (k, n, "gbw-k")):
             x, y, c, s = vec[2 * i], vec[2 * i + 1], np.cos(pos * theta[i]), np.sin(pos * theta[i])
             u, w = (x * c - y * s) / scale * r, (x * s + y * c) / scale * r
             lines.append(f'<line class="{cls}" x1="{cx:.1f}" y1="{cy:.1f}" x2="{cx + u:.2f}" y2="{cy - w:.2f}"/>')
         out.append(
-            f'<g class="gbw-dial" data-pair="{i}"><circle cx="{cx:.1f}" cy="{cy:.1f}" r="{r:.1f}"/>{"".join(lines)}'
-            f'<text x="{cx:.1f}" y="{cy + r + 26:.1f}" text-anchor="middle">pair {i + 1}: '
-            f"\u03b8 = {theta[i]:.4g}</text></g>"
+            f'<svg class="gbw-dial" data-pair="{i}" viewBox="0 0 {size} {size + 34}" role="img" '
+            f'aria-label="pair {i + 1}"><circle cx="{cx:.1f}" cy="{cy:.1f}" r="{r:.1f}"/>{"".join(lines)}'
+            f'<text x="{cx:.1f}" y="{cy + r + 26:.1f}" text-anchor="middle">pair {i + 1}, '
+            f"\u03b8 = {theta[i]:.2g}</text></svg>"
         )
-    return "".join(out) + "</svg>"
+    return "".join(out) + "</div>"
 
 
 _ROPE_JS = """
@@ -583,8 +583,9 @@ _ROPE_JS = """
 """
 
 _ROPE_CSS = """
-#ID svg{max-width:640px}
-#ID svg text{font-size:14px}
+#ID .gbw-dials{display:flex;flex-wrap:wrap;gap:.3em}
+#ID svg.gbw-dial{width:140px;max-width:46%}
+#ID svg text{font-size:13px}
 #ID circle{fill:none;stroke:currentColor;stroke-opacity:.35}
 #ID line{stroke-width:3.5;stroke-linecap:round}
 #ID .gbw-q{stroke:#2f7fd8}

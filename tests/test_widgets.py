@@ -219,6 +219,10 @@ def test_sampling_lab_matches_filter_logits(browser, server, lab):
         for name, fraction in (("top_k", 0.1), ("min_p", 0.3), ("temperature", 0.9), ("top_p", 0.5)):
             click_at(page, f"[name={name}]", fraction)
             check_sampling(page, lab.data)
+        press(page, "[name=top_k]", "End", *["ArrowLeft"] * 50)  # the keyboard for top-k and min-p too
+        press(page, "[name=min_p]", "Home", *["ArrowRight"] * 4)
+        s = check_sampling(page, lab.data)
+        assert (s["top_k"], s["min_p"]) == (10, 0.04)
         press(page, "[name=temperature]", "Home")  # greedy
         assert len(page.get_attribute(".gbw", "data-kept").split(",")) == 1 and check_sampling(page, lab.data)
         assert page.locator(".gbw-off").count() == 11, "11 of the 12 rows are removed at temperature 0"
@@ -289,6 +293,8 @@ def test_attention_explorer_shows_the_rows(browser, server, explorer):
         assert check_row(page, weights) == (1, 1, 0)
         page.keyboard.press("End")
         assert check_row(page, weights) == (1, 1, T - 1)
+        press(page, "[name=head]", "ArrowUp")
+        assert check_row(page, weights) == (1, 0, T - 1)
 
 
 # --- RoPE dial -----------------------------------------------------------------------------------------
@@ -342,6 +348,9 @@ def test_rope_dial_score_depends_on_the_offset_only(browser, server, dial):
         assert (n, offset) == (120, 3) and np.ptp(scores) < 1e-6, scores
         press(page, "[name=offset]", "ArrowRight")
         assert check_score(page, q, k)[1:] == (4, pytest.approx(rope_score(q, k, w.data["theta"], 124, 120), abs=1e-9))
+        click_at(page, "[name=offset]", 0.75)
+        n, offset, score = check_score(page, q, k)
+        assert offset > 4 and score == pytest.approx(rope_score(q, k, w.data["theta"], n + offset, n), abs=1e-9)
 
 
 # --- every widget: no sideways scrolling, and a picture without JavaScript -----------------------------
@@ -350,6 +359,18 @@ def test_rope_dial_score_depends_on_the_offset_only(browser, server, dial):
 @pytest.fixture(scope="module")
 def widgets(bpe, lab, explorer, dial):
     return {"bpe": bpe[2], "sampling": lab, "attention": explorer[2], "rope": dial[2]}
+
+
+@pytest.mark.parametrize("name", ["bpe", "sampling", "attention", "rope"])
+def test_dark_theme(browser, server, widgets, name):
+    "On a dark page the text and the drawing's strokes take the page's colour (currentColor), not black."
+    dark = '<div style="background:#1e1e1e;color:rgb(230, 230, 230)">' + widgets[name].html + "</div>"
+    with opened(browser, server, dark) as page:
+        colours = page.evaluate(
+            """() => [...document.querySelectorAll('.gbw-status, .gbw-title, .gbw-tok, svg text, output, label')]
+                 .map(e => getComputedStyle(e)[e instanceof SVGElement ? 'fill' : 'color'])"""
+        )
+        assert colours and set(colours) == {"rgb(230, 230, 230)"}, set(colours)
 
 
 @pytest.mark.parametrize("name", ["bpe", "sampling", "attention", "rope"])
@@ -386,7 +407,12 @@ def saved_widget(notebook: str, name: str) -> tuple[str, dict]:
     return found[0], json.loads(data)
 
 
-SAVED = {"bpe": "01_tokenizer.ipynb"}
+SAVED = {
+    "bpe": "01_tokenizer.ipynb",
+    "attention": "03_attention.ipynb",
+    "rope": "04_positions.ipynb",
+    "sampling": "09_sampling.ipynb",
+}
 
 
 @pytest.mark.parametrize("name", sorted(SAVED))
@@ -410,4 +436,45 @@ def _saved_bpe(page, data):
     assert page.locator(".gbw-tok").count() == data["n_bytes"], "no merges: one token per byte"
 
 
-SAVED_CHECKS = {"bpe": _saved_bpe}
+def _saved_sampling(page, data):
+    "The BPE baby's real logits: the page keeps what filter_logits keeps, for every prompt."
+    press(page, "[name=temperature]", "Home", *["ArrowRight"] * 10)
+    press(page, "[name=top_p]", "End", "ArrowLeft", "ArrowLeft")
+    for prompt in range(len(data["prompts"])):
+        page.select_option("[name=prompt]", index=prompt)
+        assert check_sampling(page, data)["prompt"] == prompt
+    click_at(page, "[name=min_p]", 0.2)
+    check_sampling(page, data)
+
+
+def _saved_attention(page, data):
+    "The trained baby's rows: what the page shows is what the notebook computed, and each row sums to 1."
+    T, H = len(data["tokens"]), data["n_heads"]
+    weights = np.zeros((len(data["weights"]) // H, H, T, T))
+    for n, flat in enumerate(data["weights"]):
+        rows = np.split(np.array(flat) / 1e4, np.cumsum(np.arange(1, T)))
+        for q, row in enumerate(rows):
+            weights[n // H, n % H, q, : q + 1] = row
+    np.testing.assert_allclose(weights.sum(-1), 1, atol=T * 5e-5)
+    page.select_option("[name=layer]", index=2)
+    press(page, "[name=head]", "ArrowDown")
+    page.hover(".gbw-tok[data-pos='20']")
+    assert check_row(page, weights) == (2, 1, 20)
+    page.keyboard.press("Tab")  # from the head's select to the query token
+    page.keyboard.press("ArrowRight")
+    assert check_row(page, weights) == (2, 1, 21)
+
+
+def _saved_rope(page, data):
+    "The chapter's q and k at positions the slider reaches: the score of apply_rope, constant along them."
+    q, k = (torch.tensor(data[name], dtype=torch.float64) for name in "qk")
+    cos, sin = rope_angles(2, len(q), dtype=torch.float64)
+    np.testing.assert_allclose(data["theta"], torch.atan2(sin[1], cos[1]), rtol=1e-12)  # gptbook.positions' theta
+    scores = [check_score(page, q, k)[2]]
+    for keys in (["ArrowRight"] * 3, ["End"], ["PageDown"]):
+        press(page, "[name=position]", *keys)
+        scores.append(check_score(page, q, k)[2])
+    assert np.ptp(scores) < 1e-6
+
+
+SAVED_CHECKS = {"bpe": _saved_bpe, "sampling": _saved_sampling, "attention": _saved_attention, "rope": _saved_rope}
