@@ -378,7 +378,7 @@ _SAMPLING_JS = """
 
 _SAMPLING_CSS = """
 #ID svg{max-width:480px}
-#ID svg text{font-size:15px}
+#ID svg text{font-size:17px}
 #ID .gbw-label{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace}
 #ID .gbw-ref{fill:none;stroke:currentColor;stroke-opacity:.5}
 #ID .gbw-bar{fill:#2f7fd8;fill-opacity:.8}
@@ -550,8 +550,8 @@ def _dial_svg(q, k, theta, m: int, n: int, scale: float, size: int = 150) -> str
             lines.append(f'<line class="{cls}" x1="{cx:.1f}" y1="{cy:.1f}" x2="{cx + u:.2f}" y2="{cy - w:.2f}"/>')
         out.append(
             f'<svg class="gbw-dial" data-pair="{i}" viewBox="0 0 {size} {size + 34}" role="img" '
-            f'aria-label="pair {i + 1}"><circle cx="{cx:.1f}" cy="{cy:.1f}" r="{r:.1f}"/>{"".join(lines)}'
-            f'<text x="{cx:.1f}" y="{cy + r + 26:.1f}" text-anchor="middle">pair {i + 1}, '
+            f'aria-label="pair {i}"><circle cx="{cx:.1f}" cy="{cy:.1f}" r="{r:.1f}"/>{"".join(lines)}'
+            f'<text x="{cx:.1f}" y="{cy + r + 26:.1f}" text-anchor="middle">pair {i}, '
             f"\u03b8 = {theta[i]:.2g}</text></svg>"
         )
     return "".join(out) + "</div>"
