@@ -478,3 +478,15 @@ def _saved_rope(page, data):
 
 
 SAVED_CHECKS = {"bpe": _saved_bpe, "sampling": _saved_sampling, "attention": _saved_attention, "rope": _saved_rope}
+
+
+def test_side_by_side_under_require_js(browser, server, widgets):
+    "Quarto loads require.js on pages with HTML outputs: the widgets define no globals and keep to their own ids."
+    amd = "<script>var define = function () { throw new Error('define called'); }; define.amd = {};</script>"
+    with opened(browser, server, amd + "".join(w.html for w in widgets.values())) as page:
+        assert page.locator(".gbw.gbw-live").count() == 4
+        before = page.inner_text("#" + page.get_attribute(".gbw[id^=gbw-rope]", "id") + " .gbw-status")
+        press(page, "[name=merges]", "Home")
+        assert page.locator(".gbw[id^=gbw-bpe] .gbw-tok").count() == len(SENTENCE)
+        assert page.inner_text(".gbw[id^=gbw-rope] .gbw-status") == before, "the other widgets did not move"
+        assert page.evaluate("Object.keys(window).filter(k => /^(data|ui|draw|root|steps)$/.test(k))") == []
