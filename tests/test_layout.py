@@ -241,6 +241,7 @@ ALLOWED_IMPORTS = {
     "sample": {"options"},  # duck-types the model: no model, no trainer
     "hf": {"options", "checkpoint", "tokenizer", "positions", "model"},
     "cli": {"options", "checkpoint", "tokenizer", "model", "train", "sample", "hf"},
+    "inspect": {"positions", "attention"},  # hooks on the model's own layers; the attention-only model reuses them
 }
 
 
