@@ -51,6 +51,10 @@ class Recording:
 @contextmanager
 def record(model: nn.Module):
     "Inside the `with`, each forward pass of `model` appends its attention weights and residual stream to a Recording."
+    if not isinstance(getattr(model, "blocks", None), nn.ModuleList):
+        raise TypeError(
+            f"record() needs a model with a `blocks` ModuleList (GPT, AttentionOnly), got {type(model).__name__}"
+        )
     rec, handles = Recording(), []
 
     def save_weights(attn, args, kwargs, out):
@@ -87,9 +91,10 @@ def ablate(model: nn.Module, heads):
     by_layer = {}
     for layer, head in heads:
         if not (0 <= layer < len(layers) and 0 <= head < layers[layer].n_heads):
+            n_heads = layers[0].n_heads if layers else 0
             raise ValueError(
                 f"no head ({layer}, {head}): the model has {len(layers)} attention layers of "
-                f"{layers[0].n_heads} heads, numbered from 0"
+                f"{n_heads} heads, numbered from 0"
             )
         by_layer.setdefault(layer, set()).add(head)
 

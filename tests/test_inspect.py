@@ -105,6 +105,12 @@ def test_record_refuses_a_kv_cache(model_and_ids):
         model(idx[:, :4], cache=model.make_cache(3))
 
 
+def test_record_refuses_a_model_without_blocks():
+    with pytest.raises(TypeError, match="needs a model with a `blocks` ModuleList.*got Linear"):
+        with record(torch.nn.Linear(2, 2)):
+            pass
+
+
 def test_record_works_with_rope_and_grouped_query_attention():
     model = tiny_gpt(positions="rope", norm="rmsnorm", ffn="swiglu", n_heads=4, n_kv_heads=2)
     idx = torch.randint(11, (2, 12))
