@@ -103,7 +103,13 @@ def attention_row(T: int, device, dtype, sizes) -> dict:
     with torch.no_grad():
         manual = measure(lambda: scaled_dot_product_attention(q, k, v, mask), device, sizes["reps"])
         fused = measure(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), device, sizes["reps"])
-    return {"seq_len": T, "manual": manual, "fused": fused, "speedup": manual["ms"] / fused["ms"]}
+    shape = {
+        "batch": sizes["batch"],
+        "heads": sizes["heads"],
+        "d_k": sizes["d_k"],
+        "dtype": str(dtype).removeprefix("torch."),
+    }
+    return {"seq_len": T, **shape, "manual": manual, "fused": fused, "speedup": manual["ms"] / fused["ms"]}
 
 
 def bench_attention(device, dtype, sizes) -> list[dict]:

@@ -353,7 +353,11 @@ def _ms_mib(r: dict) -> str:
 
 
 def _attention_lines(rows: list) -> list[str]:
-    return [
+    lines = []
+    if rows and "d_k" in rows[0]:  # the shapes (recorded since bench/gpu.py measures the kernels too)
+        r = rows[0]
+        lines.append(f"batch {r['batch']}, {r['heads']} heads, d_k {r['d_k']}, {r['dtype']}, forward only:")
+    return lines + [
         f"T = {r['seq_len']:>5,}: manual {_ms_mib(r['manual'])}; fused {_ms_mib(r['fused'])}; "
         f"fused {r['speedup']:.1f}x faster"
         for r in rows

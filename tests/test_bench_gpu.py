@@ -58,6 +58,7 @@ def test_the_chapters_show_the_figures_of_gpu_json(dry_results):
     attention = gpu_figures("attention", dry_results)
     assert attention.splitlines()[0].endswith("(a --dry-run: tiny sizes on a CPU, not the book's figures)")
     assert f"manual {res['attention'][1]['manual']['ms']:.2f} ms" in attention and "T =   128" in attention
+    assert attention.splitlines()[1] == "batch 1, 2 heads, d_k 16, float32, forward only:"
     assert f"SDPA picks {res['kernels']['is_causal']} with is_causal=True" in gpu_figures("kernels", dry_results)
     eager = res["throughput"]["eager"]
     throughput = gpu_figures("throughput", dry_results)
