@@ -322,7 +322,8 @@ def autocast(device: torch.device, dtype: torch.dtype):
 BENCH_RESULTS_URL = "https://raw.githubusercontent.com/gptbook/gptbook/main/bench/results/"
 NOT_MEASURED = (
     "not yet measured: no GPU has run bench/gpu.py for this book yet.\n"
-    "On one CUDA GPU, `python bench/gpu.py` measures it (about 8 minutes) and writes bench/results/gpu.json."
+    "`python bench/gpu.py` on one CUDA GPU (about 8 minutes) measures it and\n"
+    "writes bench/results/gpu.json, which this cell then shows."
 )
 
 
@@ -349,25 +350,26 @@ def bench_result(name: str, folder=None) -> dict | None:
 
 def _ms_mib(r: dict) -> str:
     mib = r.get("peak_extra_mib")
-    return f"{r['ms']:.2f} ms" + ("" if mib is None else f", {mib:,.0f} MiB extra")
+    return f"{r['ms']:.2f} ms" + ("" if mib is None else f", {mib:,.0f} MiB")
 
 
 def _attention_lines(rows: list) -> list[str]:
     lines = []
     if rows and "d_k" in rows[0]:  # the shapes (recorded since bench/gpu.py measures the kernels too)
         r = rows[0]
-        lines.append(f"batch {r['batch']}, {r['heads']} heads, d_k {r['d_k']}, {r['dtype']}, forward only:")
+        lines.append(f"batch {r['batch']}, {r['heads']} heads, d_k {r['d_k']}, {r['dtype']}, forward only")
+    lines.append("time per call and peak extra memory (on a GPU), manual and fused:")
     return lines + [
         f"T = {r['seq_len']:>5,}: manual {_ms_mib(r['manual'])}; fused {_ms_mib(r['fused'])}; "
-        f"fused {r['speedup']:.1f}x faster"
+        f"{r['speedup']:.1f}x faster"
         for r in rows
     ]
 
 
 def _kernel_lines(k: dict) -> list[str]:
     return [
-        f"T = {k['seq_len']:,}, {k['dtype']}: SDPA picks {k['is_causal']} with is_causal=True, "
-        f"{k['bool_mask']} with a boolean mask",
+        f"T = {k['seq_len']:,}, {k['dtype']}: SDPA picks {k['is_causal']} with is_causal=True,",
+        f"and {k['bool_mask']} with a boolean mask",
         f"max |flash - math| = {k['flash_vs_math_max_abs']:.1e}",
     ]
 
@@ -392,7 +394,7 @@ def _char_run_lines(c: dict) -> list[str]:
     best_step = min(c["val_curve"], key=lambda point: point[1])[0]
     curve = ", ".join(f"step {it:,}: {val:.3f}" for it, val in c["val_curve"])
     best = f"best val loss {c['best_val_loss']:.3f} at step {best_step:,}; whole run {c['wall_s']:.0f} s"
-    return [best, *textwrap.wrap("val loss at " + curve, 100)]
+    return [best, *textwrap.wrap("val loss at " + curve, 78)]
 
 
 def gpu_figures(section: str, folder=None) -> str:
@@ -404,11 +406,11 @@ def gpu_figures(section: str, folder=None) -> str:
     if res is None or res.get(section) is None:
         return NOT_MEASURED
     m = res.get("machine", {})
-    dry = " (a --dry-run: tiny sizes on a CPU, not the book's figures)" if m.get("dry_run") else ""
+    dry = ["a --dry-run: tiny sizes on a CPU, not the book's figures"] if m.get("dry_run") else []
     if section == "throughput":
         lines = _throughput_lines(res["throughput"], res.get("nanogpt"))
     else:
         lines = {"attention": _attention_lines, "kernels": _kernel_lines, "char_run": _char_run_lines}[section](
             res[section]
         )
-    return "\n".join([f"bench/results/gpu.json: {m.get('gpu') or 'CPU'}, torch {m.get('torch')}{dry}", *lines])
+    return "\n".join([f"bench/results/gpu.json: {m.get('gpu') or 'CPU'}, torch {m.get('torch')}", *dry, *lines])

@@ -56,9 +56,9 @@ def test_the_chapters_show_the_figures_of_gpu_json(dry_results):
     "gpu_figures, which the chapters' cells beside their `#| cuda` cells print, shows what the file holds."
     res = json.loads((dry_results / "gpu.json").read_text())
     attention = gpu_figures("attention", dry_results)
-    assert attention.splitlines()[0].endswith("(a --dry-run: tiny sizes on a CPU, not the book's figures)")
+    assert attention.splitlines()[1] == "a --dry-run: tiny sizes on a CPU, not the book's figures"
     assert f"manual {res['attention'][1]['manual']['ms']:.2f} ms" in attention and "T =   128" in attention
-    assert attention.splitlines()[1] == "batch 1, 2 heads, d_k 16, float32, forward only:"
+    assert attention.splitlines()[2] == "batch 1, 2 heads, d_k 16, float32, forward only"
     assert f"SDPA picks {res['kernels']['is_causal']} with is_causal=True" in gpu_figures("kernels", dry_results)
     eager = res["throughput"]["eager"]
     throughput = gpu_figures("throughput", dry_results)
@@ -66,7 +66,9 @@ def test_the_chapters_show_the_figures_of_gpu_json(dry_results):
     assert "gptbook, compiled: not run" in throughput  # the dry run skips torch.compile
     char = gpu_figures("char_run", dry_results)
     assert f"best val loss {res['char_run']['best_val_loss']:.3f} at step 20" in char and "step 10: " in char
-    assert all(len(line) <= 120 for text in (attention, throughput, char) for line in text.splitlines())
+    kernels = gpu_figures("kernels", dry_results)
+    texts = (attention, kernels, throughput, char, NOT_MEASURED)
+    assert all(len(line) <= 80 for text in texts for line in text.splitlines())  # the width of a page's output
 
 
 def test_without_gpu_json_the_figures_are_not_yet_measured(tmp_path):
