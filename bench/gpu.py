@@ -3,9 +3,12 @@
 Sections, each one key of bench/results/gpu.json (about 6-8 minutes in all on an H100-class GPU):
   attention   the chapter-3 manual attention (a materialized T x T score matrix) against the fused
               F.scaled_dot_product_attention, bfloat16, GPT-2 head shapes (batch 4, 12 heads, d_k 64),
-              forward only, T = 1,024 ... 8,192: ms per call and peak extra memory
+              forward only, T = 1,024 ... 8,192: ms per call and peak extra memory (chapter 3's `#| cuda` cell)
+  kernels     which kernel F.scaled_dot_product_attention picks with is_causal=True and with a boolean mask, and
+              the largest difference between the flash and the math kernels (chapter 11's `#| cuda` cell)
   throughput  GPT-2 small training steps (forward, backward, fused AdamW), bfloat16 autocast, context 1,024,
               with and without torch.compile: ms/step, tokens/s and MFU against the GPU's dense bf16 peak
+              (chapter 6's `#| cuda` cell)
   nanogpt     nanoGPT's train.py at the same configuration and on the same random tokens (a checkout passed
               with --nanogpt, its files extracted into bench/.work/, never into the repository)
   char_run    GPT-2 small on Tiny Shakespeare characters (context 256, batch 64, dropout 0.2, lr 6e-4 with
@@ -34,6 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gptbook.attention import causal_mask, scaled_dot_product_attention
 from gptbook.model import GPT, GPTConfig
@@ -41,15 +45,17 @@ from gptbook.train import TrainConfig, make_optimizer, train
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "gpu.json"
-SECTIONS = ("attention", "throughput", "nanogpt", "char_run")
+SECTIONS = ("attention", "kernels", "throughput", "nanogpt", "char_run")
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0, "L4": 121.0}
 FULL = {
-    "attention": {"batch": 4, "heads": 12, "d_k": 64, "seq_lens": [1024, 2048, 4096, 8192], "reps": 10},
+    "attention": {"batch": 8, "heads": 12, "d_k": 64, "seq_lens": [1024, 2048, 4096, 8192], "reps": 10},
+    "kernels": {"batch": 4, "heads": 12, "d_k": 64, "seq_len": 1024},
     "throughput": {"batch": 16, "seq_len": 1024, "steps": 30, "warmup": 10, "vocab_size": 50304},
     "char_run": {"max_iters": 5000, "eval_interval": 500, "eval_iters": 100, "batch_size": 64},
 }
 DRY = {  # the same code paths at sizes a CPU runs in seconds
     "attention": {"batch": 1, "heads": 2, "d_k": 16, "seq_lens": [64, 128], "reps": 2},
+    "kernels": {"batch": 1, "heads": 2, "d_k": 16, "seq_len": 64},
     "throughput": {"batch": 2, "seq_len": 32, "steps": 3, "warmup": 1, "vocab_size": 96},
     "char_run": {"max_iters": 20, "eval_interval": 10, "eval_iters": 2, "batch_size": 4},
 }
@@ -97,7 +103,13 @@ def attention_row(T: int, device, dtype, sizes) -> dict:
     with torch.no_grad():
         manual = measure(lambda: scaled_dot_product_attention(q, k, v, mask), device, sizes["reps"])
         fused = measure(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), device, sizes["reps"])
-    return {"seq_len": T, "manual": manual, "fused": fused, "speedup": manual["ms"] / fused["ms"]}
+    shape = {
+        "batch": sizes["batch"],
+        "heads": sizes["heads"],
+        "d_k": sizes["d_k"],
+        "dtype": str(dtype).removeprefix("torch."),
+    }
+    return {"seq_len": T, **shape, "manual": manual, "fused": fused, "speedup": manual["ms"] / fused["ms"]}
 
 
 def bench_attention(device, dtype, sizes) -> list[dict]:
@@ -106,6 +118,27 @@ def bench_attention(device, dtype, sizes) -> list[dict]:
         rows.append(attention_row(T, device, dtype, sizes))
         print(f"attention T={T:>5}: manual {rows[-1]['manual']['ms']:8.2f} ms, fused {rows[-1]['fused']['ms']:8.2f} ms")
     return rows
+
+
+def bench_kernels(device, dtype, sizes) -> dict:
+    "The kernel SDPA picks with is_causal=True and with a boolean mask; the largest flash-vs-math difference."
+    T = sizes["seq_len"]
+    q = torch.randn(sizes["batch"], sizes["heads"], T, sizes["d_k"], device=device, dtype=dtype)
+    mask = causal_mask(T, device=device)
+    with torch.no_grad():
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            flash = F.scaled_dot_product_attention(q, q, q, is_causal=True)
+        with sdpa_kernel(SDPBackend.MATH):
+            math_ = F.scaled_dot_product_attention(q, q, q, is_causal=True)
+    out = {
+        "seq_len": T,
+        "dtype": str(dtype).removeprefix("torch."),
+        "is_causal": SDPBackend(torch._fused_sdp_choice(q, q, q, is_causal=True)).name,
+        "bool_mask": SDPBackend(torch._fused_sdp_choice(q, q, q, attn_mask=mask)).name,
+        "flash_vs_math_max_abs": (flash.float() - math_.float()).abs().max().item(),
+    }
+    print(f"kernels: is_causal -> {out['is_causal']}, boolean mask -> {out['bool_mask']}", flush=True)
+    return out
 
 
 def throughput_config(dry: bool, vocab_size: int, seq_len: int) -> GPTConfig:
@@ -252,6 +285,8 @@ def run_sections(args, device, dtype, sizes, peak) -> dict:
     res = {}
     if "attention" in args.only:
         res["attention"] = bench_attention(device, dtype, sizes["attention"])
+    if "kernels" in args.only:
+        res["kernels"] = bench_kernels(device, dtype, sizes["kernels"])
     if "throughput" in args.only:
         res["throughput"] = bench_throughput(device, dtype, sizes["throughput"], peak, args.dry_run)
     if "nanogpt" in args.only and args.nanogpt:

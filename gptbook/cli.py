@@ -248,8 +248,8 @@ def _train(args) -> int:
             print(f"\n--- a sample from the model at step {trainer.step} ---")
             _print_sample(trainer.model.eval(), trainer.data.tokenizer, args.sample_tokens, cfg.seed)
             print("---")
-        if ckpts:
-            print(f"more text: gptbook sample {cfg.out_dir}")
+        if ckpts:  # the one closing line: how to get (more) text from this run
+            print(f"{'more text' if args.sample_tokens > 0 else 'sample'}: gptbook sample {cfg.out_dir}")
     return 0
 
 # %% ../nbs/A4_cli.ipynb #1cd6a012
@@ -443,7 +443,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="gptbook",
         description="Train a GPT on Tiny Shakespeare (or your text), sample from it, score it on a text.",
-        epilog="Examples: `gptbook train` (the CPU baby model, a few minutes), "
+        epilog="Examples: `gptbook train` (the CPU baby model, about 6 minutes on one CPU thread), "
         "`gptbook sample out --prompt ROMEO:`, `gptbook eval out --data my.txt`. Several GPUs: "
         "`torchrun --standalone --nproc_per_node 8 -m gptbook train ...`.",
     )

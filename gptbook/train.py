@@ -804,14 +804,13 @@ def _header(trainer: Trainer, saved: dict | None, from_file: bool) -> str:
 
 
 def _summary(trainer: Trainer, seconds: float) -> str:
-    "The lines a finished run ends with: time, best val loss, where its files are, how to sample."
+    "The lines a finished run ends with: time, best val loss, where its checkpoint and metrics are."
     vals = [r["val_loss"] for r in trainer.history if math.isfinite(r["val_loss"])]
     ckpts = list_checkpoints(trainer.out_dir)
     best = f"best val loss {min(vals):.4f}" if vals else "no evaluation"
     return (
         f"done in {seconds:.1f} s at step {trainer.step}: {best}\n"
-        f"checkpoint: {ckpts[-1] if ckpts else 'none'}\nmetrics: {trainer.metrics_path}\n"
-        f"sample: gptbook sample --out {trainer.out_dir}"
+        f"checkpoint: {ckpts[-1] if ckpts else 'none'}\nmetrics: {trainer.metrics_path}"
     )
 
 # %% ../nbs/08_training.ipynb #t8train01

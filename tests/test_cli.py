@@ -230,7 +230,10 @@ def test_train_then_sample_end_to_end(run_dir):
     out, r = run_dir
     recs = read_metrics(out)
     assert [x["iter"] for x in recs] == [0, 10, 20]
-    assert "a sample from the model at step 20" in r.stdout and "gptbook sample --out" in r.stdout
+    assert "a sample from the model at step 20" in r.stdout
+    lines = r.stdout.rstrip("\n").splitlines()
+    assert lines[-1] == f"more text: gptbook sample {out}"  # one closing line names the command, once
+    assert sum("gptbook sample" in line for line in lines) == 1, r.stdout
     assert load_checkpoint(out).iter == 20
     s = run_cli("sample", "--out", out, "--prompt", "ROMEO:", "--max-new-tokens", 30, "--seed", 1)
     assert s.returncode == 0, s.stderr[-2000:]
@@ -283,6 +286,7 @@ def test_resume_extends_a_run(tmp_path, capsys, shakespeare_path):
     )
     assert status == 0, err
     assert [r["iter"] for r in read_metrics(out)] == [0, 5, 10, 15] and "step 15" in stdout
+    assert stdout.rstrip("\n").splitlines()[-1] == f"sample: gptbook sample {out}"  # no sample printed: no "more"
     ck = load_checkpoint(out)
     assert ck.iter == 15 and ck.model_config.n_layers == 1 and ck.train_config.max_iters == 15
     status, _, err = call(capsys, "train", "--out", out, "--resume", "--d-model", "64")

@@ -437,7 +437,8 @@ def test_feedback_header_summary_and_state(chars, tmp_path, capsys):
     for text in ("parameters on cpu in float32", "tokens per step", "(fresh)", "best val loss", "metrics: "):
         assert text in out, text
     assert "step 2/20 (10%): loss" in out and "step 18/20 (90%)" in out  # pytest's stderr is no terminal
-    assert f"sample: gptbook sample --out {tmp_path / 'run'}" in out
+    assert f"checkpoint: {tmp_path / 'run' / 'ckpt_0000020'}" in out
+    assert "gptbook sample" not in out  # the command line's closing line, not the Python API's
     state = json.loads((tmp_path / "run" / "ckpt_0000020" / "state.json").read_text())
     assert state["gptbook_version"] == gptbook.__version__
     assert state["val_loss"] == read_metrics(tmp_path / "run")[-1]["val_loss"]
@@ -487,7 +488,7 @@ def test_baby_run_trains_once_then_is_found(tiny_baby, tmp_path, capsys):
     run = baby_run(cache_dir=tmp_path)
     out = capsys.readouterr().out
     assert "trained in" in out.splitlines()[-1]
-    assert ".tmp_" not in out and f"sample: gptbook sample --out {run}" in out  # the transcript names the final folder
+    assert ".tmp_" not in out and f"metrics: {run / 'metrics.jsonl'}" in out  # the transcript names the final folder
     assert run.parent == tmp_path / "runs" and run.name.startswith("baby-char-")
     assert [r["iter"] for r in read_metrics(run)] == [0, 2, 4]
     model = GPT.from_checkpoint(run)
