@@ -449,7 +449,7 @@ def _attention_status(layer: int, head: int, query: int, tokens: list, row: list
     top = max(row[: query + 1])
     best = row.index(top)
     return (
-        f"Layer {layer + 1}, head {head + 1}: the token at position {query} ('{tokens[query]}') puts {top:.4f} of "
+        f"Layer {layer}, head {head}: the token at position {query} ('{tokens[query]}') puts {top:.4f} of "
         f"its attention on position {best} ('{tokens[best]}'); its {query + 1} weights sum to "
         f"{sum(row[: query + 1]):.3f}."
     )
@@ -491,7 +491,7 @@ _ATTENTION_JS = """
           (seen ? "weight " + w[j].toFixed(4) : "after the query, not seen"));
       });
       box.setAttribute("data-query", query);
-      status.textContent = "Layer " + (Number(v.layer) + 1) + ", head " + (Number(v.head) + 1) +
+      status.textContent = "Layer " + Number(v.layer) + ", head " + Number(v.head) +
         ": the token at position " + query + " ('" + data.tokens[query] + "') puts " + top.toFixed(4) +
         " of its attention on position " + best + " ('" + data.tokens[best] + "'); its " + (query + 1) +
         " weights sum to " + w.reduce(function (a, b) { return a + b; }, 0).toFixed(3) + ".";
@@ -524,7 +524,7 @@ def attention_explorer(tokens: list, weights, query: int | None = None, title: s
         f'(arrow keys move) to see where it attends">{_attention_spans(tokens, row, query)}</div>'
         f'<p class="gbw-status" aria-live="polite">{html.escape(_attention_status(0, 0, query, tokens, row))}</p>'
     )
-    layers, heads = [(i, i + 1) for i in range(L)], [(i, i + 1) for i in range(H)]
+    layers, heads = [(i, str(i)) for i in range(L)], [(i, str(i)) for i in range(H)]  # numbered from 0, as in Python
     controls = [choice("layer", "layer", layers), choice("head", "head", heads)]
     return widget("attention", title, controls, figure, data, _ATTENTION_JS, _ATTENTION_CSS)
 

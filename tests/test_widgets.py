@@ -270,7 +270,7 @@ def check_row(page, weights) -> tuple:
     assert shown[q + 1 :] == [None] * (len(shown) - q - 1), "tokens after the query show no weight"
     np.testing.assert_allclose(shown[: q + 1], weights[layer, head, q, : q + 1], atol=1e-4)
     assert page.get_attribute(f".gbw-tok[data-pos='{q}']", "tabindex") == "0"
-    assert f"Layer {layer + 1}, head {head + 1}: the token at position {q} " in page.inner_text(".gbw-status")
+    assert f"Layer {layer}, head {head}: the token at position {q} " in page.inner_text(".gbw-status")
     return layer, head, q
 
 
