@@ -21,8 +21,15 @@ usage:
     python bench/experiments.py --only ablations  # or --only cards
     python bench/experiments.py --seeds 0 1 2 3 --steps 600 --threads 2
     python bench/experiments.py --only ablations --variants rope --merge   # redo one variant, keep the rest
+    python bench/experiments.py --only ablations --variants reference unscaled --seeds 3 4 5 --merge  # more seeds
+    python bench/experiments.py --only ablations --steps 2000 --seeds 0 1 --variants reference rope --longer
+    python bench/experiments.py --merge-file /tmp/a/experiments.json  # runs made elsewhere with --out /tmp/a
+    python bench/experiments.py --cards-speed     # re-measure only the cards' speed (no training): ~1 min
 
-Writes bench/results/experiments.json and bench/results/expected_results.json (or into --out DIR).
+Writes bench/results/experiments.json and bench/results/expected_results.json (or into --out DIR). A plain run
+rewrites experiments.json with the protocol's runs only: the committed file also holds the extra seeds of the
+sqrt(d_k) ablation (--merge) and the 2,000-step check (--longer), added by the commands its 'merged' and
+'longer' records name.
 """
 
 import argparse
@@ -292,7 +299,8 @@ def summarize(runs: list) -> list:
         by.setdefault(r["variant"], {})[r["seed"]] = r
     out = []
     for name, question, rows in ABLATIONS:
-        if not all(v in by for _, v in rows):
+        rows = [(label, v) for label, v in rows if v in by]  # a partial set (the longer runs) keeps what it has
+        if len(rows) < 2 or rows[0][1] != "reference":
             continue
         seeds = sorted(set.intersection(*(set(by[v]) for _, v in rows)))
         ref = [by[rows[0][1]][s]["val_loss"] for s in seeds]
@@ -398,15 +406,16 @@ def all_comparisons(ablations: list, alpha: float = 0.05) -> list:
 
 
 def comparisons_table(rows: list) -> str:
-    "Markdown table of `all_comparisons` (the chapter prints exactly this)."
+    "Markdown table of `all_comparisons`, one row per compared variant (the chapter prints exactly this)."
     lines = [
-        "| ablation | variant | mean d ± sd (nats/char) | t | p | p, Holm | verdict, Holm at 0.05 | 2-SE rule |",
-        "|---|---|---|---|---|---|---|---|",
+        "| variant (ablation) | seeds | mean d ± sd | t | Holm p | Holm at 0.05 | 2-SE rule |",
+        "|---|--:|--:|--:|--:|---|---|",
     ]
+    short = {"no measurable difference": "n.s.", "better": "**better**", "worse": "**worse**"}
     for r in rows:
         lines.append(
-            f"| {r['ablation']} | {r['label']} | {r['mean']:+.3f} ± {r['std']:.3f} | {r['t']:+.1f} | {r['p']:.4f} "
-            f"| {r['p_holm']:.3f} | {r['holm']} | {r['rule']} |"
+            f"| {r['label']} ({r['ablation']}) | {r['df'] + 1} | {r['mean']:+.3f} ± {r['std']:.3f} | {r['t']:+.1f} "
+            f"| {r['p_holm']:.3f} | {short.get(r['holm'], r['holm'])} | {short.get(r['rule'], r['rule'])} |"
         )
     return "\n".join(lines)
 
@@ -627,6 +636,11 @@ def add_speed(card: dict, ms_steady: float) -> dict:
     }
 
 
+def _speed_machine(card: dict) -> str:
+    m = card["speed_measured"]
+    return f"{m['machine']['cpu']}, {m['machine']['threads']} thread(s), load average {m['load_avg_before']:.1f}"
+
+
 def cards_table(cards: list) -> str:
     "A markdown table of the cards, one column per card (the chapter prints exactly this; tests check it)."
     rows = [
@@ -641,8 +655,9 @@ def cards_table(cards: list) -> str:
         ("val − train gap, sampled (nats/token)", lambda c: f"{c['val_loss_sampled'] - c['train_loss_sampled']:.3f}"),
         ("steady state: ms/step", lambda c: f"{c['ms_per_step']:.1f}"),
         ("steady state: tokens/s (characters/s)", lambda c: f"{c['tokens_per_sec']:,} ({c['chars_per_sec']:,})"),
-        ("wall time of the whole run", lambda c: f"{c['wall_s']:.0f} s"),
-        ("machine", lambda c: f"{c['machine']['cpu']}, {c['machine']['threads']} thread(s)"),
+        ("steady state measured on", _speed_machine),
+        ("wall time of the whole run", lambda c: f"{c['wall_s']:.0f} s (load average {c['load_avg_before']:.1f})"),
+        ("trained on", lambda c: f"{c['machine']['cpu']}, {c['machine']['threads']} thread(s)"),
         ("torch", lambda c: c["machine"]["torch"]),
     ]
     lines = ["| | " + " | ".join(c["name"] for c in cards) + " |", "|---|" + "---|" * len(cards)]
@@ -653,7 +668,7 @@ def cards_table(cards: list) -> str:
 # --- main ------------------------------------------------------------------------------------------
 
 
-def main(argv=None):
+def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
         "--quick",
@@ -671,82 +686,165 @@ def main(argv=None):
     ap.add_argument(
         "--merge",
         action="store_true",
-        help="with --variants: replace those variants' runs in the existing experiments.json and keep the others",
+        help="add these runs to the existing experiments.json: a (variant, seed) run there is replaced, the rest kept",
     )
-    args = ap.parse_args(argv)
+    ap.add_argument(
+        "--longer",
+        action="store_true",
+        help="store the ablation runs in experiments.json's 'longer' section (a check at more --steps), "
+        "leaving the main runs alone",
+    )
+    ap.add_argument(
+        "--merge-file",
+        type=Path,
+        nargs="+",
+        metavar="JSON",
+        help="train nothing: merge the runs of these experiments.json files (written with --out, e.g. by one "
+        "process per seed) into --out's, as --merge would have (with --longer: into its 'longer' section)",
+    )
+    ap.add_argument(
+        "--cards-speed",
+        action="store_true",
+        help="train nothing: re-measure only the cards' steady-state speed fields in the existing "
+        "expected_results.json (best of 5 interleaved bursts of 20 steps), with the machine and load average",
+    )
+    return ap.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
     os.environ.setdefault("GPTBOOK_DATA", str(ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"))
     torch.set_num_threads(args.threads)
-    train_over = {}
+    out = args.out if args.out is not None else (None if args.quick else RESULTS)
+    command = ("python bench/experiments.py " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
+    stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    if args.cards_speed:
+        return cards_speed(out or RESULTS, command, stamp, args.threads)
+    if args.merge_file:
+        for path in args.merge_file:
+            res = json.loads(path.read_text())
+            res.setdefault("note", f"run with --out {path.parent}, merged by `{command}`")
+            store_ablations(res, out or RESULTS, merge=True, longer=args.longer)
+        return
     if args.quick:
         args.seeds, args.steps, args.card_steps = args.seeds[:1], 20, 20
-        train_over = {"warmup_iters": 5, "eval_interval": 10, "eval_iters": 2}
-    if args.steps != ABLATION_TRAIN["max_iters"] and not args.quick:
-        train_over = {"warmup_iters": max(1, args.steps // 10), "eval_interval": max(1, args.steps // 4)}
-    out = args.out if args.out is not None else (None if args.quick else RESULTS)
-    machine = machine_info(args.threads)
-    command = "python bench/experiments.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
-
     if args.only in (None, "ablations"):
-        data = load_token_data("char")
-        variants = args.variants or list(VARIANTS)
-        setup = {
-            "model": ABLATION_MODEL,
-            "train": {**ABLATION_TRAIN, **train_over, "max_iters": args.steps},
-            "seeds": args.seeds,
-            "data": "Tiny Shakespeare, characters (65 ids), first 90% train",
-            "metric": "cross-entropy in nats per character on the whole validation split "
-            "(last 10%, non-overlapping windows of 64)",
-            "curve": f"training loss, mean of each {CURVE_BIN} steps",
-            "verdict_rule": "measured when every seed's paired difference has the same sign and the "
-            "mean exceeds two standard errors; else 'no measurable difference'",
-        }
-        old = None
-        if args.merge:
-            if out is None or not (out / "experiments.json").is_file():
-                raise SystemExit("--merge needs an existing experiments.json in --out (default bench/results)")
-            old = json.loads((out / "experiments.json").read_text())
-            if old["setup"] != json.loads(json.dumps(setup)):
-                raise SystemExit("--merge: the stored runs used another set-up (model, training or seeds); rerun all")
-        print(f"ablations: {len(variants)} variants x seeds {args.seeds}, {args.steps} steps each", flush=True)
-        load0, t0 = _load(), time.perf_counter()
-        runs = run_ablations(
-            data, args.seeds, {**train_over, "max_iters": args.steps}, variants, log=lambda s: print(s, flush=True)
-        )
-        wall = round(time.perf_counter() - t0, 1)
-        machine_now = {**machine, "load_avg_before": load0, "load_avg_after": _load()}
-        if old is not None:  # keep the other variants' runs, replace these
-            runs = [r for r in old["runs"] if r["variant"] not in variants] + runs
-            runs.sort(key=lambda r: (r["seed"], list(VARIANTS).index(r["variant"])))
-        res = {"date": stamp, "command": command.strip(), "machine": machine_now, "total_wall_s": wall}
-        if old is not None:
-            res = {**old, "merged": old.get("merged", []) + [res]}
-        res.update(
-            {
-                "setup": setup,
-                "variants": {
-                    k: {
-                        "model_overrides": v["model"],
-                        "unscaled_attention": v["unscaled"],
-                        "pe_scale": v.get("pe_scale"),
-                        **({"train_overrides": v["train"]} if "train" in v else {}),
-                        **({"decay_embeddings": True} if v.get("decay_embeddings") else {}),
-                    }
-                    for k, v in VARIANTS.items()
-                },
-                "runs": runs,
-                "ablations": summarize(runs),
-            }
-        )
+        res = run_ablation_session(args, command, stamp)
         for a in res["ablations"]:
             print(f"\n{a['question']}\n{ablation_table(a)}\n{a['conclusion']}")
         if out is not None:
-            out.mkdir(parents=True, exist_ok=True)
-            (out / "experiments.json").write_text(json.dumps(res, indent=1, ensure_ascii=False) + "\n")
-            print(f"wrote {out / 'experiments.json'}")
-
+            store_ablations(res, out, merge=args.merge, longer=args.longer)
     if args.only in (None, "cards"):
-        make_cards(args.card_steps, args.quick, out, command.strip(), stamp, machine, args.parallel_cards)
+        make_cards(args.card_steps, args.quick, out, command, stamp, machine_info(args.threads), args.parallel_cards)
+
+
+def ablation_setup(seeds: list, train: dict) -> dict:
+    "The set-up record of an ablation session (`train`: ABLATION_TRAIN's fields as this session ran them)."
+    return {
+        "model": ABLATION_MODEL,
+        "train": train,
+        "seeds": seeds,
+        "data": "Tiny Shakespeare, characters (65 ids), first 90% train",
+        "metric": "cross-entropy in nats per character on the whole validation split "
+        "(last 10%, non-overlapping windows of 64)",
+        "curve": f"training loss, mean of each {CURVE_BIN} steps",
+        "verdict_rule": "measured when every seed's paired difference has the same sign and the "
+        "mean exceeds two standard errors; else 'no measurable difference'",
+    }
+
+
+def variants_record() -> dict:
+    "What each variant changes, as experiments.json stores it."
+    return {
+        k: {
+            "model_overrides": v["model"],
+            "unscaled_attention": v["unscaled"],
+            "pe_scale": v.get("pe_scale"),
+            **({"train_overrides": v["train"]} if "train" in v else {}),
+            **({"decay_embeddings": True} if v.get("decay_embeddings") else {}),
+        }
+        for k, v in VARIANTS.items()
+    }
+
+
+def run_ablation_session(args, command: str, stamp: str) -> dict:
+    """Train the ablation runs `args` asks for; returns a whole experiments.json record of them.
+
+    With --steps other than 800 the schedule stretches with it: warmup a tenth of the steps, four evaluations."""
+    train_over = {}
+    if args.quick:
+        train_over = {"warmup_iters": 5, "eval_interval": 10, "eval_iters": 2}
+    elif args.steps != ABLATION_TRAIN["max_iters"]:
+        train_over = {"warmup_iters": max(1, args.steps // 10), "eval_interval": max(1, args.steps // 4)}
+    train_over["max_iters"] = args.steps
+    variants = args.variants or list(VARIANTS)
+    data = load_token_data("char")
+    print(f"ablations: {len(variants)} variants x seeds {args.seeds}, {args.steps} steps each", flush=True)
+    load0, t0 = _load(), time.perf_counter()
+    runs = run_ablations(data, args.seeds, train_over, variants, log=lambda s: print(s, flush=True))
+    return {
+        "date": stamp,
+        "command": command,
+        "machine": {**machine_info(args.threads), "load_avg_before": load0, "load_avg_after": _load()},
+        "total_wall_s": round(time.perf_counter() - t0, 1),
+        "setup": ablation_setup(args.seeds, {**ABLATION_TRAIN, **train_over}),
+        "variants": variants_record(),
+        "runs": runs,
+        "ablations": summarize(runs),
+    }
+
+
+def merge_runs(old: list, new: list) -> list:
+    "The runs of `old` and `new`, one per (variant, seed): a pair in both keeps `new`'s run; sorted by seed, variant."
+    runs = {(r["variant"], r["seed"]): r for r in [*old, *new]}
+    return sorted(runs.values(), key=lambda r: (r["seed"], list(VARIANTS).index(r["variant"])))
+
+
+SESSION_KEYS = ("date", "command", "machine", "total_wall_s", "note")
+
+
+def merge_results(old: dict, new: dict) -> dict:
+    """`old` (an experiments.json record) with `new`'s runs merged in (`merge_runs`) and its session, and the
+    sessions it merged, listed under 'merged'. The set-ups must agree except in their seeds; the merged
+    set-up's seeds are those every variant has a run on (a run on another seed adds to the variants that have it)."""
+
+    def same(setup):
+        return {k: v for k, v in setup.items() if k != "seeds"}
+
+    if same(old["setup"]) != same(json.loads(json.dumps(new["setup"]))):
+        raise SystemExit("merge: the stored runs used another set-up (model or training); rerun all or use --longer")
+    sessions = [{k: new[k] for k in SESSION_KEYS if k in new}, *new.get("merged", [])]
+    runs = merge_runs(old["runs"], new["runs"])
+    by_variant = {}
+    for r in runs:
+        by_variant.setdefault(r["variant"], set()).add(r["seed"])
+    setup = {**old["setup"], "seeds": sorted(set.intersection(*by_variant.values()))}
+    merged = old.get("merged", []) + sessions
+    return {**old, "setup": setup, "merged": merged, "runs": runs, "ablations": summarize(runs)}
+
+
+def store_ablations(res: dict, out: Path, merge: bool = False, longer: bool = False) -> None:
+    """Write an ablation session `res` into out/experiments.json: the whole file, or (`merge`) merged into it, or
+    (`longer`) into its 'longer' section. The file is read again just before writing, so that sessions run in
+    parallel with --merge and finishing at different times keep each other's runs."""
+    path = out / "experiments.json"
+    res = {**res, "ablations": summarize(res["runs"])}  # as this script makes them (a file may come from elsewhere)
+    if not (merge or longer):
+        out.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(res, indent=1, ensure_ascii=False) + "\n")
+        print(f"wrote {path}")
+        return
+    if not path.is_file():
+        raise SystemExit(f"--merge/--longer need an existing {path} (run the main ablations first)")
+    whole = json.loads(path.read_text())
+    if longer:
+        res = {k: v for k, v in res.items() if k != "variants"}  # the main record has them
+        old = whole.get("longer")
+        whole["longer"] = res if old is None or not merge else merge_results(old, res)
+    else:
+        whole = merge_results(whole, res)
+    path.write_text(json.dumps(whole, indent=1, ensure_ascii=False) + "\n")
+    print(f"wrote {path}" + (" (its 'longer' section)" if longer else ""))
 
 
 def make_cards(steps: int, quick: bool, out, command: str, stamp: str, machine: dict, parallel: bool = False) -> list:
@@ -759,15 +857,7 @@ def make_cards(steps: int, quick: bool, out, command: str, stamp: str, machine: 
             cards = list(pool.map(run_card, *zip(*jobs)))
     else:
         cards = [run_card(*job) for job in jobs]
-    print("speed probe: interleaved bursts of 20 steps, best of 5 ...", flush=True)
-    ms = speed_probe(
-        {"baby-char": load_token_data("char"), "baby-bpe512": load_token_data("bpe", 512)},
-        steps=2 if quick else 20,
-        rounds=1 if quick else 5,
-    )
-    cards = [add_speed(c, ms[c["name"]]) for c in cards]
-    for c in cards:
-        check_card(c)
+    cards = measure_speed(cards, command, stamp, machine["threads"], quick)
     res = {
         "date": stamp,
         "command": command,
@@ -784,14 +874,54 @@ def make_cards(steps: int, quick: bool, out, command: str, stamp: str, machine: 
     return cards
 
 
+def card_data(card: dict):
+    "The token data a card's run trained on: characters, or the BPE tokenizer of the card's vocabulary size."
+    return load_token_data("bpe", card["vocab_size"]) if card["tokenizer"] == "bpe" else load_token_data("char")
+
+
+def measure_speed(cards: list, command: str, stamp: str, threads: int, quick: bool = False) -> list:
+    """The cards with their steady-state speed measured now (`speed_probe`, then `add_speed`) and checked; each
+    card's `speed_measured` says when, by which command, on which machine and at which load average."""
+    print("speed probe: interleaved bursts of 20 steps, best of 5 ...", flush=True)
+    load0 = _load()
+    datasets = {c["name"]: card_data(c) for c in cards}
+    ms = speed_probe(datasets, steps=2 if quick else 20, rounds=1 if quick else 5)
+    record = {
+        "date": stamp,
+        "command": command,
+        "machine": machine_info(threads),
+        "load_avg_before": load0,
+        "load_avg_after": _load(),
+    }
+    cards = [{**add_speed(c, ms[c["name"]]), "speed_measured": record} for c in cards]
+    for c in cards:
+        check_card(c)
+    return cards
+
+
+def cards_speed(out: Path, command: str, stamp: str, threads: int) -> list:
+    """Re-measure only the speed fields of the cards in out/expected_results.json (no training): the losses, wall
+    times and curves stay; ms_per_step, tokens_per_sec, chars_per_sec and speed_measured are replaced."""
+    path = out / "expected_results.json"
+    res = json.loads(path.read_text())
+    res["cards"] = measure_speed(res["cards"], command, stamp, threads)
+    for c in res["cards"]:
+        print(f"{c['name']}: {c['ms_per_step']:.1f} ms/step, {c['tokens_per_sec']:,} tokens/s", end=" ")
+        print(f"(load average {c['speed_measured']['load_avg_before']} before)")
+    path.write_text(json.dumps(res, indent=1, ensure_ascii=False) + "\n")
+    print(f"wrote {path}")
+    return res["cards"]
+
+
 CARD_DEFINITION = (
     "val_loss: mean cross-entropy (nats/token) over the whole validation split (last 10% of the ids, every "
     "non-overlapping window of context_len); bits_per_char = val_loss / ln 2 / chars_per_token, with "
     "chars_per_token = val_chars / val_tokens of that split; context_chars: mean characters in one window of "
     "context_len tokens of the split; *_sampled: the trainer's last evaluation (20 random batches). "
     "ms_per_step, tokens_per_sec, chars_per_sec: the steady state, the fastest of 5 interleaved bursts of 20 "
-    "steps (speed_probe); wall_s: the whole run, evaluations and checkpoints included; ms_per_step_whole_run: "
-    "its training steps only, on a machine other jobs shared (load_avg_before)"
+    "steps (speed_probe), measured when, where and at which load average speed_measured says (`--cards-speed` "
+    "re-measures them alone); wall_s: the whole run, evaluations and checkpoints included; ms_per_step_whole_run: "
+    "its training steps only, at the load average load_avg_before"
 )
 
 

@@ -61,8 +61,10 @@ def check_experiments(res: dict, seeds=None, steps=None):
     seeds = seeds or res["setup"]["seeds"]
     steps = steps or res["setup"]["train"]["max_iters"]
     assert set(res["variants"]) == set(E.VARIANTS)
-    got = {(r["variant"], r["seed"]) for r in res["runs"]}
-    assert got == {(v, s) for v in E.VARIANTS for s in seeds}, "one run per variant and seed"
+    got = [(r["variant"], r["seed"]) for r in res["runs"]]
+    assert len(got) == len(set(got)), "at most one run per variant and seed"
+    assert set(got) >= {(v, s) for v in E.VARIANTS for s in seeds}, "every variant on every protocol seed"
+    assert {v for v, s in got} == set(E.VARIANTS)
     for r in res["runs"]:
         assert r["diverged"] == (r["val_loss"] is None)
         if not r["diverged"]:
@@ -108,8 +110,86 @@ def test_summary_recomputed_from_runs(results):
 
 def test_reference_run_shared_by_every_ablation(results):
     "Each ablation compares against the same reference runs (one training per seed, not one per ablation)."
-    refs = {tuple(a["rows"][0]["val_losses"]) for a in results["ablations"]}
-    assert len(refs) == 1
+    ref = {r["seed"]: r["val_loss"] for r in results["runs"] if r["variant"] == "reference"}
+    for a in results["ablations"]:
+        row = a["rows"][0]
+        assert row["variant"] == "reference" and row["val_losses"] == [ref[s] for s in row["seeds"]]
+        assert set(row["seeds"]) >= set(results["setup"]["seeds"]), "every ablation has the protocol's seeds"
+
+
+def test_unscaled_attention_has_more_seeds_than_the_protocol(results):
+    "The most fragile verdict of the first edition got more seeds: the ablation pairs every seed both variants have."
+    a = next(a for a in results["ablations"] if a["name"] == "attention_scale")
+    seeds = {v: {r["seed"] for r in results["runs"] if r["variant"] == v} for v in ("reference", "unscaled")}
+    assert a["rows"][1]["seeds"] == sorted(seeds["reference"] & seeds["unscaled"])
+    assert len(a["rows"][1]["seeds"]) >= 6 > len(results["setup"]["seeds"])
+
+
+def test_longer_runs_section(results):
+    "The check at more steps: same model and recipe, a stretched schedule, its tables recomputed from its runs."
+    longer = results["longer"]
+    assert longer["setup"]["model"] == results["setup"]["model"]
+    steps = longer["setup"]["train"]["max_iters"]
+    assert steps >= 2 * results["setup"]["train"]["max_iters"]
+    assert longer["setup"]["train"]["warmup_iters"] == steps // 10
+    same = {
+        k: v for k, v in longer["setup"]["train"].items() if k not in ("max_iters", "warmup_iters", "eval_interval")
+    }
+    assert same == {k: v for k, v in results["setup"]["train"].items() if k in same}, "only the schedule's length"
+    assert all(r["steps"] == steps and r["evals"][-1]["iter"] == steps for r in longer["runs"])
+    assert E.summarize(longer["runs"]) == longer["ablations"]
+    variants = {r["variant"] for r in longer["runs"]}
+    assert {"reference", "unscaled", "rope", "no_positions"} <= variants
+    for v in variants:
+        assert len([r for r in longer["runs"] if r["variant"] == v]) >= 2, "at least two seeds each"
+
+
+def _fake_run(variant, seed, loss):
+    return {"variant": variant, "seed": seed, "val_loss": loss, "diverged": False, "num_params": 1}
+
+
+def test_merge_runs_replaces_a_pair_and_keeps_the_rest():
+    old = [_fake_run("reference", 0, 2.0), _fake_run("unscaled", 0, 1.9), _fake_run("reference", 1, 2.1)]
+    new = [_fake_run("unscaled", 0, 1.8), _fake_run("unscaled", 1, 2.0)]
+    got = E.merge_runs(old, new)
+    assert [(r["variant"], r["seed"], r["val_loss"]) for r in got] == [
+        ("reference", 0, 2.0),
+        ("unscaled", 0, 1.8),
+        ("reference", 1, 2.1),
+        ("unscaled", 1, 2.0),
+    ]
+
+
+def test_merge_results_refuses_another_setup_and_records_the_session():
+    setup = E.ablation_setup([0, 1, 2], dict(E.ABLATION_TRAIN))
+    old = {"setup": setup, "runs": [_fake_run("reference", s, 2.0 + s / 10) for s in range(3)]}
+    new = {
+        "date": "d",
+        "command": "c",
+        "machine": {},
+        "total_wall_s": 1.0,
+        "setup": E.ablation_setup([3], dict(E.ABLATION_TRAIN)),
+        "runs": [_fake_run("reference", 3, 2.3)],
+    }
+    merged = E.merge_results(old, new)
+    assert merged["setup"]["seeds"] == [0, 1, 2, 3], "every variant (here: one) has a run on each"
+    old["runs"].append(_fake_run("rope", 0, 1.9))
+    assert E.merge_results(old, new)["setup"]["seeds"] == [0], "the seeds every variant has"
+    assert [r["seed"] for r in merged["runs"]] == [0, 1, 2, 3]
+    assert merged["merged"] == [{"date": "d", "command": "c", "machine": {}, "total_wall_s": 1.0}]
+    longer = {**new, "setup": E.ablation_setup([3], {**E.ABLATION_TRAIN, "max_iters": 2000})}
+    with pytest.raises(SystemExit, match="another set-up"):
+        E.merge_results(old, longer)
+
+
+def test_summarize_keeps_the_rows_a_partial_set_of_runs_has():
+    runs = [
+        _fake_run(v, s, 2.0 + 0.1 * s + (0.05 if v == "rope" else 0)) for v in ("reference", "rope") for s in (0, 1)
+    ]
+    (positions,) = E.summarize(runs)
+    assert positions["name"] == "positions" and [r["variant"] for r in positions["rows"]] == ["reference", "rope"]
+    assert positions["rows"][1]["diff_mean"] == pytest.approx(0.05)
+    assert E.summarize([r for r in runs if r["variant"] == "rope"]) == [], "no reference, no comparison"
 
 
 def test_expected_results_json(expected):
@@ -151,6 +231,38 @@ def test_check_card_rejects_an_inconsistent_card(expected, field, value):
     bad[field] += value
     with pytest.raises(ValueError, match="inconsistent"):
         E.check_card(bad)
+
+
+def test_cards_record_where_and_when_their_speed_was_measured(expected):
+    for c in expected["cards"]:
+        m = c["speed_measured"]
+        assert m["machine"]["cpu"] and m["machine"]["torch"] and m["machine"]["threads"] >= 1
+        assert m["load_avg_before"] is not None and m["date"] and m["command"].startswith("python bench/experiments.py")
+
+
+def test_cards_speed_replaces_only_the_speed_fields(tmp_path, expected, monkeypatch, one_thread):
+    "--cards-speed trains nothing: the losses, curves and wall times stay, the speed fields and their record change."
+    (tmp_path / "expected_results.json").write_text(json.dumps(expected))
+    calls = []
+
+    def fake_probe(datasets, steps=20, rounds=5):
+        calls.append((sorted(datasets), steps, rounds))
+        return {"baby-char": 100.0, "baby-bpe512": 110.0}
+
+    monkeypatch.setattr(E, "speed_probe", fake_probe)
+    monkeypatch.setattr(E, "load_token_data", lambda tokenizer, vocab_size=None: (tokenizer, vocab_size))
+    E.main(["--cards-speed", "--out", str(tmp_path)])
+    assert calls == [(["baby-bpe512", "baby-char"], 20, 5)], "best of 5 interleaved bursts of 20 steps"
+    new = json.loads((tmp_path / "expected_results.json").read_text())
+    speed = {"ms_per_step", "tokens_per_sec", "chars_per_sec", "speed_measured"}
+    for old_card, card in zip(expected["cards"], new["cards"]):
+        E.check_card(card)
+        assert {k: v for k, v in card.items() if k not in speed} == {
+            k: v for k, v in old_card.items() if k not in speed
+        }
+        assert card["tokens_per_sec"] == round(768 * 1000 / card["ms_per_step"])
+        assert card["speed_measured"]["command"] == f"python bench/experiments.py --cards-speed --out {tmp_path}"
+    assert [c["ms_per_step"] for c in new["cards"]] == [100.0, 110.0]
 
 
 def test_check_card_rejects_a_card_without_a_whole_split_loss(expected):
