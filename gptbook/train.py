@@ -105,7 +105,7 @@ class TrainConfig(Options):
     context_len: int | None = option(None, "tokens per training window (default: the model's max_seq_len)", min=1)
     grad_accum: int = option(1, "micro-steps per optimizer step (global batch: batch_size x this x processes)", min=1)
     max_iters: int = option(2000, "optimizer steps", min=1, why="a run that takes no step saves nothing")
-    lr: float = option(1e-3, "peak learning rate (small models tolerate a large one)", min=0, min_open=True)
+    lr: float = option(1e-3, "peak learning rate (1e-3: nanoGPT's character model)", min=0, min_open=True)
     min_lr_ratio: float = option(0.1, "the cosine ends at this fraction of the peak", min=0, max=1)
     warmup_iters: int = option(100, "linear warmup steps (about 2,000 at GPT-2 scale)", min=0)
     weight_decay: float = option(0.1, "AdamW's decay of the weight matrices (see param_groups)", min=0)
