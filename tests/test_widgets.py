@@ -7,6 +7,7 @@ import http.server
 import json
 import math
 import re
+import os
 import shutil
 import threading
 from pathlib import Path
@@ -22,9 +23,13 @@ from gptbook.tokenizer import GPT2_PATTERN, BPETokenizer, CharTokenizer, apply_m
 from gptbook.widgets import attention_explorer, bpe_stepper, rope_dial, rope_score, sampling_lab
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+# $GPTBOOK_CHROMIUM names another Chromium-based browser (GitHub's runners have Google Chrome preinstalled).
+CHROMIUM = os.environ.get("GPTBOOK_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 if not Path(CHROMIUM).is_file():
-    pytest.skip("no chromium at /usr/bin/chromium: apt-get install chromium (.ci/run does)", allow_module_level=True)
+    pytest.skip(
+        f"no browser at {CHROMIUM}: apt-get install chromium (.ci/run does), or set GPTBOOK_CHROMIUM",
+        allow_module_level=True,
+    )
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
