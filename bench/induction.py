@@ -18,7 +18,6 @@ Writes bench/results/induction.json (or --out DIR/induction.json).
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -28,17 +27,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 DRY_RUN = dict(steps=30, eval_every=10, seq_len=16, periods=(4, 8), probe_period=6, batch_size=8)
-
-
-def cpu_model() -> str:
-    "The CPU's model name from /proc/cpuinfo (or platform.processor() where that file does not exist)."
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def one_run(args: tuple) -> dict:
@@ -82,6 +70,7 @@ def main(argv=None) -> dict:
     with ProcessPoolExecutor(max_workers=a.jobs) as pool:
         runs = list(pool.map(one_run, jobs))
     import torch
+    from experiments import cpu_model  # bench/experiments.py (bench/ is on sys.path when this file runs as a script)
 
     from gptbook.checkpoint import atomic_write
 

@@ -10,9 +10,7 @@ import json
 import math
 import os
 import random
-import shutil
 import sys
-import tempfile
 import time
 from contextlib import contextmanager, nullcontext, redirect_stdout
 from dataclasses import dataclass, field, fields
@@ -37,7 +35,7 @@ import gptbook
 
 from .checkpoint import CKPT_FILES, atomic_write, checkpoint_dirs, checkpoint_state, is_checkpoint_dir
 from .checkpoint import list_checkpoints, load_optimizer_state, load_weights, restore_rng, run_lock
-from .checkpoint import fsync_dir, remove_dir, save_checkpoint, sha256_of
+from .checkpoint import atomic_dir, save_checkpoint, sha256_of
 from .data import TokenData, get_batch, load_token_data, tiny_shakespeare_path
 from .model import GPT, GPTConfig, autocast, lm_loss, pick_device, pick_dtype
 from .options import OptionError, Options, option
@@ -947,18 +945,10 @@ class _ShowAs:
 
 
 def _train_into(folder: Path, cfg: TrainConfig, shown: str) -> None:
-    "Train `cfg` in a temporary folder beside `folder`, then rename it into place: a failed run leaves nothing."
-    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".tmp_{folder.name}_"))
-    try:
-        with redirect_stdout(_ShowAs(sys.stdout, str(tmp), shown)):
-            train(cfg.replace(out_dir=str(tmp)))
-        if folder.exists():
-            remove_dir(folder)  # an unfinished or damaged folder from an older attempt
-        os.rename(tmp, folder)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    fsync_dir(folder.parent)
+    """Train `cfg` in a temporary folder beside `folder` (`atomic_dir`), renamed into place when the run ends:
+    a failed run leaves nothing, and an unfinished or damaged folder from an older attempt is replaced."""
+    with atomic_dir(folder) as tmp, redirect_stdout(_ShowAs(sys.stdout, str(tmp), shown)):
+        train(cfg.replace(out_dir=str(tmp)))
 
 
 def baby_run(tokenizer: Literal["char", "bpe"] = "char", *, cache_dir=None) -> Path:
