@@ -11,6 +11,8 @@ import json
 
 import numpy as np
 
+from .tokenizer import apply_merges
+
 # %% auto #0
 __all__ = ['Widget', 'slider', 'choice', 'button', 'readout', 'widget', 'shown', 'bpe_steps', 'bpe_stepper', 'sampling_lab',
            'attention_explorer', 'rope_score', 'rope_dial']
@@ -181,29 +183,24 @@ def shown(text: str) -> str:
     return text.replace(" ", "\u2423").replace("\n", "\u21b5").replace("\t", "\u21e5")
 
 
-def _merge_chunk(ids: list, ranks: dict, new_ids: list, limit: int) -> tuple[list, list]:
-    """Encode one chunk with only the first `limit` merges, as the encoder does (the earliest-learned merge first,
-    leftmost first): the ids, and the rank of each merge applied. `ranks`: pair -> rank, `new_ids[rank]`: its id."""
-    ids, applied = list(ids), []
-    while len(ids) > 1:
-        rank, i = min((ranks.get(pair, limit), i) for i, pair in enumerate(zip(ids, ids[1:])))
-        if rank >= limit:
-            break
-        ids[i : i + 2] = [new_ids[rank]]
-        applied.append(rank)
-    return ids, applied
-
-
 def bpe_steps(merges: dict, chunks: list) -> list:
-    """[n, ids] for every number of merges n at which the chunks' tokens change, from [0, their bytes] up:
-    the ids after the first n merges (`merges`: pair -> new id, learned in the order of the ids)."""
-    order = sorted(merges.items(), key=lambda item: item[1])
-    ranks, new_ids = {pair: r for r, (pair, _) in enumerate(order)}, [i for _, i in order]
-    applied = sorted({r for c in chunks for r in _merge_chunk(list(c), ranks, new_ids, len(order))[1]})
-    steps = [[0, [b for c in chunks for b in c]]]
-    for r in applied:
-        steps.append([r + 1, [i for c in chunks for i in _merge_chunk(list(c), ranks, new_ids, r + 1)[0]]])
-    return steps
+    """[n, ids] for every number of merges n at which the chunks' tokens change, from [0, their bytes] up: the ids
+    `apply_merges` gives with only the first n merges (`merges`: pair -> new id, learned in the order of the ids).
+    Merges apply in the order learned, so the ones that change anything are those inside the final tokens."""
+    order = sorted(merges.items(), key=lambda item: item[1])  # (pair, new id), in the order learned
+    rank, parts = {i: r for r, (_, i) in enumerate(order)}, {i: pair for pair, i in merges.items()}
+
+    def encode(n: int) -> list:
+        first = dict(order[:n])
+        return [i for c in chunks for i in apply_merges(bytes(c), first)]
+
+    used, todo = set(), encode(len(order))
+    while todo:  # walk down each final token's merge tree
+        i = todo.pop()
+        if i in parts and rank[i] not in used:
+            used.add(rank[i])
+            todo += parts[i]
+    return [[0, encode(0)]] + [[r + 1, encode(r + 1)] for r in sorted(used)]
 
 # %% ../nbs/A5_widgets.ipynb #663cef72
 #| code-fold: true

@@ -241,7 +241,7 @@ ALLOWED_IMPORTS = {
     "sample": {"options"},  # duck-types the model: no model, no trainer
     "hf": {"options", "checkpoint", "tokenizer", "positions", "model"},
     "cli": {"options", "checkpoint", "tokenizer", "model", "train", "sample", "hf"},
-    "widgets": set(),  # the standard library and numpy only: the page computes, the chapters pass it data
+    "widgets": {"tokenizer"},  # the standard library, numpy and apply_merges: the chapters pass it data
     "inspect": {"positions", "attention"},  # hooks on the model's own layers; the attention-only model reuses them
 }
 
