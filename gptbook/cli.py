@@ -24,11 +24,11 @@ from .model import GPT, GPTConfig, pick_device
 from .options import OptionError, choices_of, field_types, split_optional
 from .sample import SamplingConfig, generate, stream
 from .tokenizer import GPT2_PATTERN, BPETokenizer, load_tokenizer
-from .train import TrainConfig, TrainingDiverged, checkpoint_tokenizer, load_run_config, train
+from .train import FIXED_BY_WEIGHTS, TrainConfig, TrainingDiverged, checkpoint_tokenizer, load_run_config, train
 
 # %% auto #0
-__all__ = ['UNSET', 'FIXED_ON_RESUME', 'FIXED_BY_WEIGHTS', 'SAMPLE_DEFAULTS', 'add_options', 'given', 'config_from_args',
-           'sampling_config_from_args', 'text_nats', 'build_parser', 'main']
+__all__ = ['UNSET', 'FIXED_ON_RESUME', 'SAMPLE_DEFAULTS', 'add_options', 'given', 'config_from_args', 'sampling_config_from_args',
+           'text_nats', 'build_parser', 'main']
 
 # %% ../nbs/A4_cli.ipynb #04caae1e
 class _Parser(argparse.ArgumentParser):
@@ -142,7 +142,6 @@ FIXED_ON_RESUME = (
     "val_fraction",
     "init_from",
 )  # --data may move (its hash is checked)
-FIXED_BY_WEIGHTS = ("tokenizer", "bpe_vocab_size", "preset")  # what --init-from's model decides (model flags: train)
 
 
 def _add_train_args(p: argparse.ArgumentParser) -> dict[str, str]:

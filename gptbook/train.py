@@ -42,9 +42,9 @@ from .options import OptionError, Options, option
 from .tokenizer import load_tokenizer
 
 # %% auto #0
-__all__ = ['lr_at', 'param_groups', 'make_optimizer', 'TrainConfig', 'save_run_config', 'load_run_config', 'checkpoint_tokenizer',
-           'Checkpoint', 'load_checkpoint', 'read_metrics', 'TrainingDiverged', 'Ranks', 'Trainer', 'plot_metrics',
-           'init_distributed', 'train', 'baby_config', 'baby_key', 'baby_run']
+__all__ = ['FIXED_BY_WEIGHTS', 'lr_at', 'param_groups', 'make_optimizer', 'TrainConfig', 'save_run_config', 'load_run_config',
+           'checkpoint_tokenizer', 'Checkpoint', 'load_checkpoint', 'read_metrics', 'TrainingDiverged', 'Ranks',
+           'Trainer', 'plot_metrics', 'init_distributed', 'train', 'baby_config', 'baby_key', 'baby_run']
 
 # %% ../nbs/08_training.ipynb #d3808619
 def lr_at(it: int, max_lr: float, warmup_iters: int, max_iters: int, min_lr: float) -> float:
@@ -78,6 +78,9 @@ def make_optimizer(
 
 # %% ../nbs/08_training.ipynb #9f0fda47
 #| code-fold: true
+FIXED_BY_WEIGHTS = ("tokenizer", "bpe_vocab_size", "preset")  # what init_from's weights decide, with the model
+
+
 @dataclass
 class TrainConfig(Options):
     "Everything about a training run except the model's shape (that is `GPTConfig`). Defaults: the CPU baby run."
@@ -144,7 +147,7 @@ class TrainConfig(Options):
     def check(self) -> None:
         "`model_overrides` may name only `GPTConfig` fields; `init_from`'s weights fix the preset and the tokenizer."
         if self.init_from is not None:
-            for name in ("tokenizer", "bpe_vocab_size", "preset"):
+            for name in FIXED_BY_WEIGHTS:
                 if getattr(self, name) != TrainConfig.__dataclass_fields__[name].default:
                     raise OptionError(
                         name,
