@@ -72,7 +72,7 @@ def main(argv=None) -> dict:
     import torch
     from experiments import cpu_model  # bench/experiments.py (bench/ is on sys.path when this file runs as a script)
 
-    from gptbook.checkpoint import atomic_write
+    from gptbook.files import atomic_write
 
     result = dict(
         command="python bench/induction.py " + " ".join(argv if argv is not None else sys.argv[1:]),

@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import json
 import os
 import random
 import shutil
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -22,98 +20,18 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, load_model, save_file, save_model
 
+from .files import atomic_dir, remove_dir, sha256_of
+
 try:
     import fcntl  # POSIX: the run lock
 except ImportError:  # Windows: runs are not locked
     fcntl = None
 
 # %% auto #0
-__all__ = ['CKPT_PREFIX', 'CKPT_FILES', 'MODEL_FILES', 'TENSOR_FILES', 'CKPT_FORMAT', 'CKPT_VERSION', 'LOCK_FILE', 'fsync_dir',
-           'atomic_write', 'remove_dir', 'atomic_dir', 'checkpoint_dirs', 'list_checkpoints', 'remove_leftovers',
-           'clear_checkpoints', 'sha256_of', 'save_checkpoint', 'is_checkpoint_dir', 'find_checkpoint',
-           'checkpoint_state', 'load_weights', 'load_optimizer_state', 'restore_rng', 'RunLocked', 'run_lock']
-
-# %% ../nbs/A2_checkpoints.ipynb #eb15f806
-def fsync_dir(path) -> None:
-    "Make a rename or a new file in the folder `path` durable (POSIX only: other systems cannot open a folder)."
-    if os.name != "posix":
-        return
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_file(path) -> None:
-    "Push the bytes of the file at `path` to the disk."
-    with open(path, "rb+") as f:
-        os.fsync(f.fileno())
-
-
-@contextlib.contextmanager
-def atomic_write(path, mode: str | None = "w", encoding: str | None = "utf-8"):
-    """Open a temporary file beside `path` for writing; on a clean exit fsync it and rename it onto `path`.
-
-    `mode=None` yields the temporary file's path instead of an open file, for writers that take a path
-    (`tokenizer.save(path)`). On an exception the temporary file is removed and `path` is untouched."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".tmp_{path.name}_")
-    try:
-        if mode is None:
-            os.close(fd)
-            yield Path(tmp)
-        else:
-            with os.fdopen(fd, mode, encoding=None if "b" in mode else encoding) as f:
-                yield f
-        _fsync_file(tmp)
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
-
-
-def _umask() -> int:
-    "The process's umask (read by setting it and putting it back)."
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-# %% ../nbs/A2_checkpoints.ipynb #46d15b80
-def remove_dir(path) -> None:
-    "Rename the folder `path` to a `.trash_` name beside it, then delete it: a kill half-way leaves no torn `path`."
-    path = Path(path)
-    trash = path.with_name(f".trash_{path.name}_{os.getpid()}_{time.monotonic_ns()}")
-    os.rename(path, trash)
-    shutil.rmtree(trash, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def atomic_dir(path):
-    """Yield a temporary folder beside `path`; on a clean exit fsync its files and rename it to `path`.
-
-    A folder already at `path` is replaced (moved aside, then deleted). On an exception the temporary folder
-    is removed and `path` is untouched."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".tmp_{path.name}_"))
-    try:
-        yield tmp
-        for p in tmp.rglob("*"):
-            if p.is_file():
-                _fsync_file(p)
-        fsync_dir(tmp)
-        os.chmod(tmp, 0o777 & ~_umask())
-        if path.exists():
-            remove_dir(path)
-        os.rename(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    fsync_dir(path.parent)
+__all__ = ['CKPT_PREFIX', 'CKPT_FILES', 'MODEL_FILES', 'TENSOR_FILES', 'CKPT_FORMAT', 'CKPT_VERSION', 'LOCK_FILE',
+           'checkpoint_dirs', 'list_checkpoints', 'remove_leftovers', 'clear_checkpoints', 'save_checkpoint',
+           'is_checkpoint_dir', 'find_checkpoint', 'checkpoint_state', 'load_weights', 'load_optimizer_state',
+           'restore_rng', 'RunLocked', 'run_lock']
 
 # %% ../nbs/A2_checkpoints.ipynb #013f14b9
 CKPT_PREFIX = "ckpt_"
@@ -214,15 +132,6 @@ def clear_checkpoints(out_dir, keep=None) -> int:
     return len(old)
 
 # %% ../nbs/A2_checkpoints.ipynb #a2save01
-def sha256_of(path, block_size: int = 1 << 20) -> str:
-    "The SHA-256 of the file at `path`, in hex, read in blocks (a large file never sits in memory at once)."
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(block_size):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _write_error(e: Exception, final: Path, size: int) -> OSError:
     "The one-line OSError for a save that failed: a full disk says how much room a checkpoint needs."
     kept = list_checkpoints(final.parent)

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .checkpoint import atomic_write, sha256_of
+from .files import atomic_write, sha256_of
 from .tokenizer import BPETokenizer, CharTokenizer, as_tokenizer
 
 # %% auto #0

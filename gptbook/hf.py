@@ -16,7 +16,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from .checkpoint import atomic_dir
+from .files import atomic_dir
 from .model import GPT, GPTConfig
 from .positions import rope_halves_to_interleaved
 

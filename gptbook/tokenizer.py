@@ -16,7 +16,7 @@ from pathlib import Path
 
 import regex
 
-from .checkpoint import atomic_write
+from .files import atomic_write
 
 # %% auto #0
 __all__ = ['GPT2_PATTERN', 'CharTokenizer', 'count_pairs', 'merge_pair', 'train_bpe_naive', 'bpe_merges', 'pretokenize',

@@ -33,9 +33,10 @@ except ImportError:
 
 import gptbook
 
-from .checkpoint import CKPT_FILES, atomic_write, checkpoint_dirs, checkpoint_state, is_checkpoint_dir
+from .checkpoint import CKPT_FILES, checkpoint_dirs, checkpoint_state, is_checkpoint_dir
 from .checkpoint import list_checkpoints, load_optimizer_state, load_weights, restore_rng, run_lock
-from .checkpoint import atomic_dir, save_checkpoint, sha256_of
+from .checkpoint import save_checkpoint
+from .files import atomic_dir, atomic_write, sha256_of
 from .data import TokenData, get_batch, load_token_data, tiny_shakespeare_path
 from .model import GPT, GPTConfig, autocast, lm_loss, pick_device, pick_dtype
 from .options import OptionError, Options, option

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gptbook.model import NOT_MEASURED, gpu_figures
+from gptbook.book.results import NOT_MEASURED, gpu_figures
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "bench" / "gpu.py"

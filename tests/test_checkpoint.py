@@ -18,8 +18,6 @@ import torch.nn as nn
 
 from gptbook.checkpoint import (
     CKPT_FILES,
-    atomic_dir,
-    atomic_write,
     checkpoint_state,
     clear_checkpoints,
     find_checkpoint,
@@ -28,8 +26,8 @@ from gptbook.checkpoint import (
     load_weights,
     restore_rng,
     save_checkpoint,
-    sha256_of,
 )
+from gptbook.files import atomic_dir, atomic_write, sha256_of
 from gptbook.model import GPT, GPTConfig
 from gptbook.tokenizer import CharTokenizer
 from gptbook.train import load_checkpoint

@@ -230,18 +230,19 @@ def test_scratch_mirror_never_imports_torch():
 # and checkpoint are leaves (plain settings; plain files and tensors), so any module may use them.
 ALLOWED_IMPORTS = {
     "options": set(),
-    "checkpoint": set(),
-    "tokenizer": {"checkpoint"},
+    "files": set(),
+    "checkpoint": {"files"},
+    "tokenizer": {"files"},
     "positions": {"options"},
     "attention": {"options", "positions"},
     "layers": {"options", "attention"},
-    "model": {"options", "positions", "attention", "layers", "checkpoint", "hf"},  # hf only inside GPT.from_hf
-    "data": {"tokenizer", "checkpoint"},
-    "train": {"options", "checkpoint", "tokenizer", "model", "data"},
+    "config": {"options", "attention", "layers", "positions"},
+    "model": {"options", "positions", "attention", "layers", "config", "checkpoint", "hf"},  # hf only inside GPT.from_hf
+    "data": {"tokenizer", "files"},
+    "train": {"options", "files", "checkpoint", "tokenizer", "config", "model", "data"},
     "sample": {"options"},  # duck-types the model: no model, no trainer
-    "hf": {"options", "checkpoint", "tokenizer", "positions", "model"},
-    "cli": {"options", "checkpoint", "tokenizer", "model", "train", "sample", "hf"},
-    "widgets": {"tokenizer"},  # the standard library, numpy and apply_merges: the chapters pass it data
+    "hf": {"options", "files", "checkpoint", "tokenizer", "positions", "config", "model"},
+    "cli": {"options", "checkpoint", "tokenizer", "config", "model", "train", "sample", "hf"},
     "inspect": {"positions", "attention"},  # hooks on the model's own layers; the attention-only model reuses them
 }
 

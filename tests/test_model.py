@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from gptbook.layers import FFNKind, NormKind, NormPosition
-from gptbook.model import GPT, PRESETS, GPTConfig, lm_loss
+from gptbook.config import PRESETS
+from gptbook.model import GPT, GPTConfig, lm_loss
 from gptbook.options import OptionError, choices_of
 from gptbook.positions import LearnedPositions, NoPositions, PositionKind, RotaryPositions, SinusoidalPositions
 from gptbook.scratch import model as npm

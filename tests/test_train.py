@@ -14,7 +14,8 @@ from hypothesis import given, settings, strategies as st
 
 from gptbook.checkpoint import list_checkpoints
 from gptbook.data import get_batch, load_token_data, load_tokens, save_tokens
-from gptbook.model import GPT, PRESETS, GPTConfig, lm_loss
+from gptbook.config import PRESETS
+from gptbook.model import GPT, GPTConfig, lm_loss
 from gptbook.options import OptionError, choices_of, field_types
 from gptbook.tokenizer import CharTokenizer
 from gptbook.train import (

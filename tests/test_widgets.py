@@ -20,7 +20,7 @@ from gptbook.model import GPT, GPTConfig
 from gptbook.positions import apply_rope, rope_angles
 from gptbook.sample import filter_logits
 from gptbook.tokenizer import GPT2_PATTERN, BPETokenizer, CharTokenizer, apply_merges, pretokenize
-from gptbook.widgets import attention_explorer, bpe_stepper, rope_dial, rope_score, sampling_lab
+from gptbook.book.widgets import attention_explorer, bpe_stepper, rope_dial, rope_score, sampling_lab
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
 # $GPTBOOK_CHROMIUM names another Chromium-based browser (GitHub's runners have Google Chrome preinstalled).
