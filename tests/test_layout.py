@@ -237,7 +237,7 @@ ALLOWED_IMPORTS = {
     "attention": {"options", "positions"},
     "layers": {"options", "attention"},
     "config": {"options", "attention", "layers", "positions"},
-    "model": {"options", "positions", "attention", "layers", "config", "checkpoint", "hf"},  # hf only inside GPT.from_hf
+    "model": {"options", "positions", "attention", "layers", "config", "checkpoint", "hf"},  # hf: in from_hf
     "data": {"tokenizer", "files"},
     "train": {"options", "files", "checkpoint", "tokenizer", "config", "model", "data"},
     "sample": {"options"},  # duck-types the model: no model, no trainer
