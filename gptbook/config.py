@@ -5,6 +5,7 @@
 # %% ../nbs/stubs/00_config.ipynb #60a591e8
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from .attention import check_heads
@@ -50,11 +51,12 @@ class GPTConfig(Options):
     )
 
     def check(self) -> None:
-        "The rules between fields: the attention heads' (check_heads), then the table _GPT_RULES."
+        "The rules between fields: the heads' (check_heads), the table _GPT_RULES, then the size (_check_size)."
         check_heads(self.d_model, self.n_heads, self.n_kv_heads)
         for name, broken, why in _GPT_RULES:
             if broken(self):
                 raise OptionError(name, f"{name}={getattr(self, name)!r} {why.format(c=self)}")
+        _check_size(self)
 
     @property
     def head_dim(self) -> int:
@@ -71,6 +73,18 @@ class GPTConfig(Options):
         if self.d_ff is not None:
             return self.d_ff
         return swiglu_d_ff(self.d_model) if self.ffn == "swiglu" else 4 * self.d_model
+
+    @property
+    def n_params(self) -> int:
+        "Parameters of the GPT this config builds, from the shapes alone (a tied head counted once)."
+        d, f, b, qkv = self.d_model, self.resolved_d_ff, int(self.bias), (self.n_heads + 2 * self.resolved_kv_heads)
+        qkv *= self.head_dim  # the rows of c_attn: the query heads, then the key and the value heads
+        norm = d * (1 + b * (self.norm == "layernorm"))  # a gain, and a LayerNorm's bias
+        n_in = 2 if self.ffn == "swiglu" else 1  # SwiGLU's gate and up projections, or GELU's c_fc
+        block = d * qkv + d * d + b * (qkv + d) + (n_in + 1) * d * f + b * (n_in * f + d) + 2 * norm
+        table = self.max_seq_len * d if self.positions == "learned" else 0
+        head = 0 if self.tie_weights else self.vocab_size * d
+        return self.vocab_size * d + table + self.n_layers * block + norm * (self.norm_position == "pre") + head
 
     @classmethod
     def gpt2_small(cls, **overrides) -> "GPTConfig":
@@ -97,7 +111,7 @@ class GPTConfig(Options):
         preset = {"baby": cls.baby, "gpt2-small": cls.gpt2_small, "llama-style": cls.llama_style}[name]
         return cls.from_dict({**preset(vocab_size=vocab_size).to_dict(), **overrides})
 
-
+# %% ../nbs/06_model.ipynb #74265209
 _GPT_RULES = (  # (the field to blame, when the rule is broken, why: formatted with c = the config)
     (
         "d_model",
@@ -110,3 +124,28 @@ _GPT_RULES = (  # (the field to blame, when the rule is broken, why: formatted w
         "is odd: sinusoidal positions come in sin/cos pairs; make d_model even",
     ),
 )
+
+
+def _check_size(c: GPTConfig) -> None:
+    "Refuse a config whose weights (float32) would not fit in this machine's memory, before anything is allocated."
+    tables = {"rope": c.max_seq_len * c.head_dim, "sinusoidal": c.max_seq_len * c.d_model}.get(c.positions, 0)
+    need, have = 4 * (c.n_params + tables), _memory_bytes()  # tables: RoPE's cos and sin, or the sinusoids
+    if have is None or need <= have:
+        return
+    parts = {"vocab_size": c.vocab_size * c.d_model, "max_seq_len": c.max_seq_len * c.d_model + tables}
+    parts["n_layers" if c.n_layers > 1 else "d_model"] = c.n_params - sum(parts.values())
+    field = max(parts, key=parts.get)  # the field that asks for the most
+    raise OptionError(
+        field,
+        f"{field}={getattr(c, field):,} makes a model of {c.n_params:,} parameters ({need / 2**30:,.1f} GiB in "
+        f"float32, with n_layers={c.n_layers:,}, d_model={c.d_model:,}, vocab_size={c.vocab_size:,}), more "
+        f"than this machine's {have / 2**30:,.1f} GiB of memory: make the model smaller",
+    )
+
+
+def _memory_bytes() -> int | None:
+    "The physical memory of this machine, in bytes (None where the system does not say)."
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
