@@ -59,7 +59,7 @@ setuptools.setup(
     + (["License :: " + lic[1]] if lic[1] else []),
     url=cfg["git_url"],
     packages=setuptools.find_packages(include=[cfg["lib_name"], cfg["lib_name"] + ".*"]),
-    include_package_data=True,
+    include_package_data=False,  # package data: settings.ini's package_data (MANIFEST.in adds none inside gptbook/)
     install_requires=requirements,
     extras_require={"dev": dev_requirements + hf_requirements, "hf": hf_requirements},
     dependency_links=cfg.get("dep_links", "").split(),

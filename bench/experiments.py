@@ -231,12 +231,21 @@ def train_config(variant: str, seed: int, out_dir, train: dict | None = None) ->
     )
 
 
+class _StepLosses(Trainer):
+    "The Trainer, keeping the training loss of every step (the curves of an ablation)."
+
+    def train_step(self) -> dict:
+        stats = super().train_step()
+        self.step_losses = [*getattr(self, "step_losses", []), stats["loss"]]
+        return stats
+
+
 def run_one(variant: str, seed: int, data, train: dict | None = None, model: dict | None = None) -> dict:
     "Train one ablation run with the real Trainer; returns its record (val loss on the whole split, curves, timing)."
     net = build_model(variant, data.vocab_size, seed, model)
     out = Path(tempfile.mkdtemp(prefix=f"gptbook-exp-{variant}-"))
     cfg = train_config(variant, seed, out, train)
-    trainer = Trainer(net, data, cfg, net.config)
+    trainer = _StepLosses(net, data, cfg)
     if VARIANTS[variant].get("decay_embeddings"):
         decay_embeddings_too(trainer)
     t0, diverged = time.perf_counter(), False
@@ -611,7 +620,7 @@ def speed_probe(datasets: dict, steps: int = 20, rounds: int = 5) -> dict:
             torch.manual_seed(0)
             model = GPT(GPTConfig.from_preset("baby", data.vocab_size))
             cfg = TrainConfig(out_dir=str(out), device="cpu", dtype="float32", progress=False)
-            trainers[name] = Trainer(model, data, cfg, model.config)
+            trainers[name] = Trainer(model, data, cfg)
             trainers[name].train_step()  # the first step allocates: leave it out
             best[name] = math.inf
         for _ in range(rounds):

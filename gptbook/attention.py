@@ -37,12 +37,9 @@ def scaled_dot_product_attention(
 def causal_mask(T_q: int, T_k: int | None = None, device=None) -> torch.Tensor:
     "Bool (T_q, T_k): True where query i (at absolute position T_k - T_q + i) may attend to key j."
     T_k = T_q if T_k is None else T_k
-    if T_q > T_k:
-        raise ValueError(f"T_q={T_q} queries but only T_k={T_k} keys: the keys must include every query position")
     return torch.ones(T_q, T_k, dtype=torch.bool, device=device).tril(diagonal=T_k - T_q)
 
 # %% ../nbs/03_attention.ipynb #fa7fd3bc
-#| code-fold: true
 class KVCache:
     "Pre-allocated keys and values of earlier positions, so generation computes each position once."
 
@@ -56,11 +53,6 @@ class KVCache:
 
     def update(self, k_new: torch.Tensor, v_new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         "Append (B, n_kv_heads, T, head_dim) keys/values; return views of all positions stored so far."
-        if k_new.shape != v_new.shape or k_new.shape[0:2] != self.k.shape[0:2] or k_new.shape[3] != self.k.shape[3]:
-            raise ValueError(
-                f"k_new {tuple(k_new.shape)} and v_new {tuple(v_new.shape)} must both be "
-                f"({self.k.shape[0]}, {self.k.shape[1]}, T, {self.k.shape[3]}) to fit this cache"
-            )
         T = k_new.shape[2]
         if self.pos + T > self.max_seq_len:
             raise ValueError(
@@ -76,7 +68,6 @@ class KVCache:
         self.pos = 0
 
 # %% ../nbs/03_attention.ipynb #e766198e
-#| code-fold: true
 def check_heads(d_model: int, n_heads: int, n_kv_heads: int | None = None) -> None:
     "Raise OptionError (a ValueError naming the field) unless n_heads divides d_model and n_kv_heads divides n_heads."
     n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads

@@ -12,23 +12,24 @@ import os
 import sys
 import time
 import typing
+import warnings
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 import gptbook
-from .checkpoint import checkpoint_state, find_checkpoint, list_checkpoints
+from .checkpoint import load_checkpoint
+from .config import GPTConfig
+from .files import read_text
 from .hf import from_nanogpt
-from .model import GPT, GPTConfig, pick_device
+from .model import GPT, pick_device, text_nats
 from .options import OptionError, choices_of, field_types, split_optional
 from .sample import SamplingConfig, generate, stream
 from .tokenizer import GPT2_PATTERN, BPETokenizer, load_tokenizer
-from .train import FIXED_BY_WEIGHTS, TrainConfig, TrainingDiverged, checkpoint_tokenizer, load_run_config, train
 
 # %% auto #0
-__all__ = ['UNSET', 'FIXED_ON_RESUME', 'SAMPLE_DEFAULTS', 'add_options', 'given', 'config_from_args', 'sampling_config_from_args',
-           'text_nats', 'build_parser', 'main']
+__all__ = ['UNSET', 'SAMPLE_DEFAULTS', 'add_options', 'given', 'config_from_args', 'sampling_config_from_args', 'build_parser',
+           'main']
 
 # %% ../nbs/A4_cli.ipynb #04caae1e
 class _Parser(argparse.ArgumentParser):
@@ -135,27 +136,16 @@ def given(args, names) -> dict:
     return out
 
 # %% ../nbs/A4_cli.ipynb #579376a5
-FIXED_ON_RESUME = (
-    "tokenizer",
-    "bpe_vocab_size",
-    "preset",
-    "val_fraction",
-    "init_from",
-)  # --data may move (its hash is checked)
-
-
 def _add_train_args(p: argparse.ArgumentParser) -> dict[str, str]:
     "All flags of `gptbook train`; returns {field: flag} for TrainConfig and GPTConfig fields."
+    from gptbook.train import TrainConfig  # only `gptbook train` loads the trainer
+
     flags = add_options(p, TrainConfig, "training (TrainConfig)")
     model_flags = add_options(p, GPTConfig, "model (GPTConfig: the preset's value unless given)")
-    if both := set(flags) & set(model_flags):
-        raise RuntimeError(f"TrainConfig and GPTConfig share field names {sorted(both)}: give one a flag= name")
     run = p.add_argument_group("run")
     run.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
     run.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="start afresh in an --out that holds a run: the old run goes once the new one has its first checkpoint",
+        "--overwrite", action="store_true", help="replace the run in --out (once the new one has its first checkpoint)"
     )
     run.add_argument("--config", metavar="JSON", help="replay a run: a run folder or its config.json (flags override)")
     run.add_argument(
@@ -165,65 +155,34 @@ def _add_train_args(p: argparse.ArgumentParser) -> dict[str, str]:
         metavar="N",
         help="tokens of the closing sample; 0: none (default: 300)",
     )
-    return {**flags, **model_flags}
+    return {**flags, **model_flags, "config": "--config"}
 
 # %% ../nbs/A4_cli.ipynb #02a2ea8f
-def _train_fields() -> list[str]:
-    return [f.name for f in dataclasses.fields(TrainConfig)]
+def _flags(args, names) -> str:
+    return ", ".join(args.flags.get(n, "--" + n.replace("_", "-")) for n in names)
 
 
-def _model_fields() -> list[str]:
-    return [f.name for f in dataclasses.fields(GPTConfig)]
+def config_from_args(args):
+    "The TrainConfig that `gptbook train`'s flags describe (model flags in `model_overrides`)."
+    from gptbook.runs import FIXED_BY_WEIGHTS, FIXED_ON_RESUME, load_run_config
+    from gptbook.train import TrainConfig
 
-
-def config_from_args(args) -> tuple[TrainConfig, bool]:
-    "The TrainConfig that `gptbook train`'s flags describe (model flags in `model_overrides`), and whether to resume."
-    train_given, model_given = given(args, _train_fields()), given(args, _model_fields())
+    train_given = given(args, [f.name for f in dataclasses.fields(TrainConfig)])
+    model_given = given(args, [f.name for f in dataclasses.fields(GPTConfig)])
     if args.resume:
-        return _resume_config(args, train_given, model_given), True
-    if args.config:
-        saved, model = load_run_config(args.config)
-        _check_init_from(train_given.get("init_from", saved.init_from), train_given)
-        overrides = {**(model.to_dict() if model else saved.model_overrides), **model_given}
-        cfg = saved.replace(**{**train_given, "model_overrides": overrides})
-    else:
-        _check_init_from(train_given.get("init_from"), train_given)
-        cfg = TrainConfig(**train_given, model_overrides=model_given)
-    return cfg, False
-
-
-def _check_init_from(init_from: str | None, train_given: dict) -> None:
-    "`--init-from` fixes the model and the tokenizer: a flag that would choose them is refused by name."
+        if fixed := [k for k in train_given if k in FIXED_ON_RESUME] + [*model_given] + ["config"] * bool(args.config):
+            raise ValueError(
+                "--resume continues a saved run, whose data and model cannot change; drop " + _flags(args, fixed)
+            )
+        out = train_given.get("out_dir", TrainConfig().out_dir)
+        saved = TrainConfig.from_dict(load_run_config(out)["train_config"])
+        return saved.replace(**{**train_given, "out_dir": out})  # the folder named, never the one recorded
+    saved = load_run_config(args.config) if args.config else {"train_config": {}, "model_config": None}
+    init_from = train_given.get("init_from", saved["train_config"].get("init_from"))
     if init_from and (fixed := [k for k in train_given if k in FIXED_BY_WEIGHTS]):
-        names = ", ".join(_flag_of(k) for k in fixed)
-        raise ValueError(
-            f"--init-from {init_from} fixes the model and its tokenizer (the weights were trained with them): "
-            f"drop {names}"
-        )
-
-
-def _resume_config(args, train_given: dict, model_given: dict) -> TrainConfig:
-    "The saved run's TrainConfig with the flags that may change applied; the others are refused by name."
-    fixed = [k for k in train_given if k in FIXED_ON_RESUME] + list(model_given)
-    if args.config:
-        fixed.append("config")
-    if fixed:
-        names = ", ".join(_flag_of(k) for k in fixed)
-        raise ValueError(f"--resume continues a saved run, whose data and model cannot change; drop {names}")
-    out_dir = train_given.get("out_dir", TrainConfig().out_dir)
-    state = checkpoint_state(out_dir)
-    if not isinstance(state.get("train_config"), dict):
-        raise ValueError(f"{state['path'] / 'state.json'} has no train_config: it cannot be resumed")
-    saved = TrainConfig.from_dict(state["train_config"])
-    return saved.replace(**{**train_given, "out_dir": out_dir})  # the folder named, never the one recorded
-
-# %% ../nbs/A4_cli.ipynb #55d102d3
-def _flag_of(field: str) -> str:
-    "The flag of a field of `gptbook train` (for error messages)."
-    if field == "config":
-        return "--config"
-    p = _Parser(prog="gptbook train")
-    return _add_train_args(p).get(field, "--" + field.replace("_", "-"))
+        raise ValueError(f"--init-from {init_from} fixes the model and its tokenizer: drop {_flags(args, fixed)}")
+    overrides = {**(saved["model_config"] or saved["train_config"].get("model_overrides", {})), **model_given}
+    return TrainConfig.from_dict({**saved["train_config"], **train_given, "model_overrides": overrides})
 
 # %% ../nbs/A4_cli.ipynb #c632cc04
 def _print_sample(model, tokenizer, n: int, seed: int, prompt: str = "\n"):
@@ -233,22 +192,21 @@ def _print_sample(model, tokenizer, n: int, seed: int, prompt: str = "\n"):
     except ValueError:
         ids = [0]  # a vocabulary without the prompt's characters (a text with no newline): start from id 0
     idx = torch.tensor([ids], device=next(model.parameters()).device)
-    config = SamplingConfig(temperature=0.8, top_p=0.9)
-    out = generate(model, idx, n, config=config, generator=_generator(seed, idx.device))
-    print(tokenizer.decode(out[0].tolist()))
+    g = torch.Generator(device=idx.device).manual_seed(seed)
+    print(tokenizer.decode(generate(model, idx, n, temperature=0.8, top_p=0.9, generator=g)[0].tolist()))
 
 
 def _train(args) -> int:
-    cfg, resume = config_from_args(args)
-    trainer = train(cfg, resume=resume, overwrite=args.overwrite)
-    if trainer.is_main:
-        ckpts = list_checkpoints(trainer.out_dir)
+    from gptbook.train import train
+
+    cfg = config_from_args(args)
+    trainer = train(cfg, resume=args.resume, overwrite=args.overwrite)
+    if trainer.is_main and trainer.history:
         if args.sample_tokens > 0:
             print(f"\n--- a sample from the model at step {trainer.step} ---")
             _print_sample(trainer.model.eval(), trainer.data.tokenizer, args.sample_tokens, cfg.seed)
             print("---")
-        if ckpts:  # the one closing line: how to get (more) text from this run
-            print(f"{'more text' if args.sample_tokens > 0 else 'sample'}: gptbook sample {cfg.out_dir}")
+        print(f"{'more text' if args.sample_tokens > 0 else 'sample'}: gptbook sample {cfg.out_dir}")
     return 0
 
 # %% ../nbs/A4_cli.ipynb #1cd6a012
@@ -291,40 +249,31 @@ def _run_folder(args) -> str:
     return args.run or args.out or "out"
 
 
-def _load_run(run, device):
-    "The model (on `device`) and tokenizer of a gptbook run or checkpoint folder."
-    folder = find_checkpoint(run)  # the weights and state.json suffice: no optimizer or RNG states
-    state = checkpoint_state(folder)
-    if not isinstance(state.get("model_config"), dict):
-        raise ValueError(f"{folder / 'state.json'} has no model_config, so its model cannot be rebuilt")
-    try:
-        GPTConfig.from_dict(state["model_config"])
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"{folder / 'state.json'} has a model_config gptbook cannot build: {e}") from e
-    model = GPT.from_checkpoint(folder, device=device)
-    return model, checkpoint_tokenizer(folder, {**state, "tokenizer": True}, model.config.vocab_size)
-
-
 def _model_to_sample(args):
     "The model (eval mode, on --device) and tokenizer that --hf, --nanogpt or the run folder name."
     sources = [name for name in ("hf", "nanogpt") if getattr(args, name)] + (["RUN"] if args.run or args.out else [])
     if len(sources) > 1:
         raise ValueError(f"give one model to sample from, not {' and '.join(sources)}")
-    device = pick_device(args.device)
     if args.nanogpt and not args.tokenizer:
         raise ValueError(
-            "a nanoGPT checkpoint has no gptbook tokenizer (its meta.pkl is a pickle, which gptbook does not "
-            "load): give one with --tokenizer PATH (`gptbook tokenizer train` makes one)"
+            "a nanoGPT checkpoint has no gptbook tokenizer (its meta.pkl is a pickle, which gptbook "
+            "does not load): give one with --tokenizer PATH (`gptbook tokenizer train` makes one)"
         )
+    given = load_tokenizer(args.tokenizer) if args.tokenizer else None
     if args.hf or args.nanogpt:
         model = GPT.from_hf(args.hf) if args.hf else from_nanogpt(args.nanogpt)
-        tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else BPETokenizer.from_hf(args.hf)
+        tokenizer = given or BPETokenizer.from_hf(args.hf)
     else:
-        model, tokenizer = _load_run(_run_folder(args), device)
-        tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else tokenizer
+        ck = load_checkpoint(_run_folder(args))
+        model, tokenizer = ck.model, given or ck.tokenizer
+        if given and ck.tokenizer and given.vocab_size != ck.tokenizer.vocab_size:
+            raise ValueError(
+                f"--tokenizer {args.tokenizer} has {given.vocab_size} ids, but the run trained with "
+                f"{ck.tokenizer.vocab_size}: give the run's own tokenizer, or none"
+            )
     if tokenizer.vocab_size > model.config.vocab_size:
         raise ValueError(f"the tokenizer has {tokenizer.vocab_size} ids, the model only {model.config.vocab_size}")
-    return model.to(device).eval(), tokenizer
+    return model.to(pick_device(args.device)).eval(), tokenizer
 
 # %% ../nbs/A4_cli.ipynb #667db338
 def _generator(seed, device):
@@ -369,38 +318,17 @@ def _add_eval_args(p: argparse.ArgumentParser) -> dict:
     return {}
 
 
-@torch.no_grad()
-def text_nats(model, ids: torch.Tensor, batch_size: int = 16) -> float:
-    "The total cross-entropy (nats) of predicting `ids[1:]` from what precedes them, window by window."
-    T, n, total = model.config.max_seq_len, len(ids) - 1, 0.0
-    starts = list(range(0, n, T))
-    for b in range(0, len(starts), batch_size):
-        for s in _same_length(starts[b : b + batch_size], T, n):  # the last window may be shorter
-            x = torch.stack([ids[i : i + s[1]] for i in s[0]])
-            y = torch.stack([ids[i + 1 : i + 1 + s[1]] for i in s[0]])
-            logits = model(x).float()
-            total += F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="sum").item()
-    return total
-
-
-def _same_length(starts: list, T: int, n: int) -> list:
-    "The windows starting at `starts`, grouped by length (all T but perhaps the last)."
-    full = [i for i in starts if i + T <= n]
-    rest = [(i, n - i) for i in starts if i + T > n]
-    return ([(full, T)] if full else []) + [([i], length) for i, length in rest]
-
-
 def _eval(args) -> int:
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be at least 1, got {args.batch_size}")
-    device = pick_device(args.device)
-    model, tokenizer = _load_run(_run_folder(args), device)
-    model.eval()
-    text = Path(args.data).expanduser().read_text(encoding="utf-8")
-    ids = torch.tensor(tokenizer.encode(text), dtype=torch.long, device=device)  # unknown characters: ValueError
+    ck = load_checkpoint(_run_folder(args), args.device)
+    text = read_text(args.data)
+    ids = torch.tensor(ck.tokenizer.encode(text), dtype=torch.long, device=ck.model.lm_head.weight.device)
     if len(ids) < 2:
         raise ValueError(f"{args.data} has {len(ids)} token(s): a score needs at least 2")
-    t0, nats = time.perf_counter(), text_nats(model, ids, args.batch_size)
+    t0, nats = time.perf_counter(), text_nats(ck.model, ids, args.batch_size)
+    if not math.isfinite(nats):
+        raise ValueError(f"the model's loss on {args.data} is {nats}: its weights give no usable probabilities")
     loss = nats / (len(ids) - 1)
     print(f"data: {args.data} ({len(text):,} characters, {len(ids):,} tokens, {time.perf_counter() - t0:.1f} s)")
     print(
@@ -426,7 +354,7 @@ def _add_tokenizer_args(p: argparse.ArgumentParser) -> dict:
 def _tokenizer_train(args) -> int:
     if args.vocab_size < 256:
         raise ValueError(f"--vocab-size must be at least 256 (the bytes), got {args.vocab_size}")
-    text = Path(args.file).expanduser().read_text(encoding="utf-8")
+    text = read_text(args.file)
     t0 = time.perf_counter()
     tok = BPETokenizer.train(text, args.vocab_size, pattern=GPT2_PATTERN if args.pattern else None)
     tok.save(args.out)
@@ -437,8 +365,8 @@ def _tokenizer_train(args) -> int:
     return 0
 
 # %% ../nbs/A4_cli.ipynb #25e1d4f6
-def build_parser() -> argparse.ArgumentParser:
-    "The parser of the `gptbook` command and its subcommands."
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    "The parser of `gptbook`; the train flags (which load the trainer) when `command` is 'train' or None."
     p = _Parser(
         prog="gptbook",
         description="Train a GPT on Tiny Shakespeare (or your text), sample from it, score it on a text.",
@@ -454,7 +382,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train a GPT; with no arguments the CPU baby model (4 layers, 4 heads, d_model 128, "
         "context 64, batch 12, lr 1e-3, 2,000 steps) on Tiny Shakespeare characters, into out/.",
     )
-    t.set_defaults(func=_train, flags=_add_train_args(t))
+    t.set_defaults(func=_train, flags=_add_train_args(t) if command in (None, "train") else {})
     s = sub.add_parser(
         "sample",
         help="generate text from a trained model",
@@ -477,26 +405,22 @@ def _add_eval_and_tokenizer(sub) -> None:
     tt.set_defaults(func=_tokenizer_train, flags=_add_tokenizer_args(tt))
 
 # %% ../nbs/A4_cli.ipynb #890af4b8
-def _message(e: Exception, flags: dict) -> str:
-    "The one-line message of a user error; an OptionError is prefixed with its flag."
-    if isinstance(e, OptionError) and e.field in flags:
-        return f"{flags[e.field]}: {e}"
-    return str(e)
-
-
 def main(argv=None) -> int:
     "Entry point of the `gptbook` command; returns the exit status."
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
+    parser = build_parser(next((a for a in argv if not a.startswith("-")), None))
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return 2
+    warnings.showwarning = lambda message, *_: print(f"gptbook {args.command}: warning: {message}", file=sys.stderr)
     try:
         return args.func(args)
-    except (ValueError, TypeError, OSError, TrainingDiverged) as e:  # OSError: missing files, paths, permissions
+    except (ValueError, TypeError, OSError, ImportError, MemoryError, FloatingPointError) as e:
         if os.environ.get("GPTBOOK_DEBUG"):
             raise
-        print(f"gptbook {args.command}: error: {_message(e, args.flags)}", file=sys.stderr)
+        message = f"{args.flags[e.field]}: {e}" if isinstance(e, OptionError) and e.field in args.flags else str(e)
+        print(f"gptbook {args.command}: error: {message or type(e).__name__}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"\ngptbook {args.command}: interrupted", file=sys.stderr)

@@ -5,10 +5,10 @@
 # %% ../nbs/stubs/00_config.ipynb #60a591e8
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from .attention import check_heads
+from .files import memory_bytes
 from .layers import FFNKind, NormKind, NormPosition, swiglu_d_ff
 from .options import OptionError, Options, option
 from .positions import PositionKind
@@ -17,7 +17,6 @@ from .positions import PositionKind
 __all__ = ['PRESETS', 'GPTConfig']
 
 # %% ../nbs/06_model.ipynb #2c92c3b3
-#| code-fold: true
 PRESETS = ("baby", "gpt2-small", "llama-style")
 
 
@@ -129,7 +128,7 @@ _GPT_RULES = (  # (the field to blame, when the rule is broken, why: formatted w
 def _check_size(c: GPTConfig) -> None:
     "Refuse a config whose weights (float32) would not fit in this machine's memory, before anything is allocated."
     tables = {"rope": c.max_seq_len * c.head_dim, "sinusoidal": c.max_seq_len * c.d_model}.get(c.positions, 0)
-    need, have = 4 * (c.n_params + tables), _memory_bytes()  # tables: RoPE's cos and sin, or the sinusoids
+    need, have = 4 * (c.n_params + tables), memory_bytes()  # tables: RoPE's cos and sin, or the sinusoids
     if have is None or need <= have:
         return
     parts = {"vocab_size": c.vocab_size * c.d_model, "max_seq_len": c.max_seq_len * c.d_model + tables}
@@ -141,11 +140,3 @@ def _check_size(c: GPTConfig) -> None:
         f"float32, with n_layers={c.n_layers:,}, d_model={c.d_model:,}, vocab_size={c.vocab_size:,}), more "
         f"than this machine's {have / 2**30:,.1f} GiB of memory: make the model smaller",
     )
-
-
-def _memory_bytes() -> int | None:
-    "The physical memory of this machine, in bytes (None where the system does not say)."
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):
-        return None

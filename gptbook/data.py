@@ -5,21 +5,21 @@
 # %% ../nbs/07_data.ipynb #d1f6bcd7
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.client
-import json
 import os
 import urllib.error
 import urllib.request
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from .files import atomic_write, sha256_of
-from .tokenizer import BPETokenizer, CharTokenizer, as_tokenizer
+from .adapters import as_tokenizer
+from .files import atomic_write, read_text, sha256_of
+from .tokenizer import BPETokenizer, CharTokenizer
 
 # %% auto #0
 __all__ = ['TINY_SHAKESPEARE_URL', 'TINY_SHAKESPEARE_SHA256', 'TINY_SHAKESPEARE_FILENAME', 'cache_dir', 'ChecksumError',
@@ -136,27 +136,11 @@ def tiny_shakespeare_path(
 # %% ../nbs/07_data.ipynb #2ffbbcc3
 def tiny_shakespeare(path: str | Path | None = None, **kwargs) -> str:
     "The text of Tiny Shakespeare (1,115,394 characters), found as `tiny_shakespeare_path` says."
-    return _read_utf8(tiny_shakespeare_path(path, **kwargs))
-
-
-def _read_utf8(p: Path) -> str:
-    "The text of the file `p`; one that is not UTF-8 is a ValueError naming the file and its first bad byte."
-    try:
-        return p.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        bad = f"byte {e.object[e.start]:#04x} at position {e.start:,}"
-        raise ValueError(
-            f"{p} is not UTF-8 text ({bad}): convert it (e.g. iconv -f latin1 -t utf-8 {p.name} > {p.stem}.utf8.txt) "
-            "or give another file"
-        ) from None
+    return read_text(tiny_shakespeare_path(path, **kwargs))
 
 # %% ../nbs/07_data.ipynb #ec34ff1c
 def train_val_split(data, val_fraction: float = 0.1):
     "Split a sequence (str, list, array) by position: the first `1 - val_fraction` to train on, the rest to validate."
-    if not 0.0 < val_fraction < 1.0:
-        raise ValueError(f"val_fraction must be strictly between 0 and 1, got {val_fraction}.")
-    if len(data) < 2:
-        raise ValueError(f"Need at least 2 items to split into train and validation, got {len(data)}.")
     n_train = min(max(int(len(data) * (1.0 - val_fraction)), 1), len(data) - 1)
     return data[:n_train], data[n_train:]
 
@@ -175,8 +159,6 @@ def save_tokens(ids, path) -> Path:
     "Write `ids` as raw little-endian `uint16` to `path` (atomically: temp file, fsync, rename)."
     path = Path(path)
     arr = np.asarray(ids)
-    if arr.ndim != 1:
-        raise ValueError(f"save_tokens expects a 1-D array of ids, got shape {arr.shape}")
     if arr.size and (arr.min() < 0 or arr.max() >= 2**16):
         raise ValueError(f"ids must lie in 0..65535 to be stored as uint16, got min {arr.min()} and max {arr.max()}")
     with atomic_write(path, "wb") as f:
@@ -187,8 +169,6 @@ def save_tokens(ids, path) -> Path:
 def load_tokens(path) -> np.ndarray:
     "Memory-map a file written by `save_tokens` as a read-only 1-D `uint16` array."
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"No token file at {path}; write one with save_tokens(ids, path)")
     if path.stat().st_size == 0:
         return np.zeros(0, dtype=np.uint16)  # np.memmap refuses empty files
     return np.memmap(path, dtype="<u2", mode="r")
@@ -210,8 +190,6 @@ def get_batch(
             f"the data has {n:,} tokens but a batch needs windows of context_len + 1 = {context_len + 1:,}; "
             "use a shorter context (max_seq_len) or more text"
         )
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank must be in 0..world_size-1, got rank={rank} with world_size={world_size}")
     # Every rank draws the offsets of the whole global batch from an identically seeded generator and keeps its
     # own slice: the ranks never overlap, their generators stay in step, and the global batch is the same
     # whatever the number of processes.
@@ -245,86 +223,25 @@ class TokenData:
         )
 
 # %% ../nbs/07_data.ipynb #37b525b9
-#| code-fold: true
-_TOKEN_CACHE = "gptbook-token-cache"  # the "format" of a cache entry's .meta.json
-
-
-def _cache_files(text_sha: str, vocab_size: int) -> dict:
-    "The three files of the cache entry for a text (by its SHA-256) and a vocabulary size."
-    stem = cache_dir() / "tokens" / f"bpe{vocab_size}-{text_sha[:16]}"
-    return {
-        key: stem.with_name(stem.name + ext)
-        for key, ext in (("tokenizer", ".json"), ("ids", ".bin"), ("meta", ".meta.json"))
-    }
-
-
 def _bpe_ids(text: str, vocab_size: int, cache: bool):
-    "Train (or load from the cache) a BPE of `vocab_size` ids on `text`, and the ids of `text` under it."
-    text_sha = hashlib.sha256(text.encode("utf-8")).hexdigest()
-    files = _cache_files(text_sha, vocab_size)
-    if cache and (hit := _cached_entry(text, text_sha, vocab_size, files)) is not None:
-        return hit
+    "A BPE of `vocab_size` ids trained on `text`, and the text's ids: kept in the cache, and checked when reused."
+    stem = cache_dir() / "tokens" / f"bpe{vocab_size}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+    if cache:
+        with contextlib.suppress(OSError, ValueError, TypeError):  # not cached yet, or damaged: train again
+            tok, ids = BPETokenizer.load(stem.with_suffix(".json")), np.load(stem.with_suffix(".npy"), mmap_mode="r")
+            if ids.dtype == np.uint16 and ids.ndim == 1 and tok.decode(ids) == text:
+                return tok, ids
     tok = BPETokenizer.train(text, vocab_size)
     ids = encode_to_array(tok, text)
-    return (tok, _write_entry(tok, ids, text_sha, vocab_size, files)) if cache else (tok, ids)
-
-
-def _write_entry(tok, ids, text_sha: str, vocab_size: int, files: dict) -> np.ndarray:
-    "Write the ids, the tokenizer, then the .meta.json that vouches for both (last: without it there is no entry)."
-    save_tokens(ids, files["ids"])
-    with atomic_write(files["tokenizer"], mode=None) as tmp:
-        tok.save(tmp)
-    meta = dict(format=_TOKEN_CACHE, version=1, text_sha256=text_sha, vocab_size=vocab_size, n_tokens=len(ids))
-    meta.update(ids_sha256=sha256_of(files["ids"]), tokenizer_sha256=sha256_of(files["tokenizer"]))
-    with atomic_write(files["meta"]) as f:
-        json.dump(meta, f, indent=1)
-    return load_tokens(files["ids"])
-
-
-def _cached_entry(text: str, text_sha: str, vocab_size: int, files: dict):
-    "The cached (tokenizer, ids) of `text` if the entry checks out; None (with a warning if it is damaged) if not."
-    if not files["meta"].is_file():
-        return None  # never cached (or cached by a gptbook without .meta.json files): build it
-    try:
-        return _checked_entry(text, text_sha, vocab_size, files)
-    except (OSError, ValueError, TypeError, KeyError) as e:
-        warnings.warn(
-            f"the token cache entry {files['ids']} is damaged or not this text's ({e}); rebuilding it", stacklevel=5
-        )
-        return None
-
-
-def _checked_entry(text: str, text_sha: str, vocab_size: int, files: dict):
-    "The entry, if its .meta.json matches, its files have the recorded lengths and SHA-256s, its ids decode to `text`."
-    meta = json.loads(files["meta"].read_text(encoding="utf-8"))
-    expected = dict(format=_TOKEN_CACHE, version=1, text_sha256=text_sha, vocab_size=vocab_size)
-    if not isinstance(meta, dict) or any(meta.get(k) != v for k, v in expected.items()):
-        raise ValueError(f"{files['meta'].name} describes another entry")
-    if (size := files["ids"].stat().st_size) != 2 * meta["n_tokens"]:
-        raise ValueError(
-            f"the ids file has {size:,} bytes, but {meta['n_tokens']:,} tokens take {2 * meta['n_tokens']:,}"
-        )
-    for key in ("ids", "tokenizer"):
-        if sha256_of(files[key]) != meta[f"{key}_sha256"]:
-            raise ValueError(f"the {key} file's SHA-256 is not the one recorded")
-    tok, ids = BPETokenizer.load(files["tokenizer"]), load_tokens(files["ids"])
-    if tok.pattern is not None or tok.special_tokens or tok.decode(ids) != text:
-        raise ValueError("its ids do not decode to the text")
+    if cache:
+        with contextlib.suppress(OSError):  # a read-only or full cache only costs the next run the training again
+            with atomic_write(stem.with_suffix(".json"), mode=None) as tmp:
+                tok.save(tmp)
+            with atomic_write(stem.with_suffix(".npy"), "wb") as f:
+                np.save(f, ids)
     return tok, ids
 
 # %% ../nbs/07_data.ipynb #e7aeb467
-def _read_text(path) -> str:
-    "Tiny Shakespeare when `path` is None, else the UTF-8 text file at `path` (any text, no checksum)."
-    if path is None:
-        return tiny_shakespeare()
-    p = Path(path).expanduser()
-    if not p.is_file():
-        raise FileNotFoundError(
-            f"No text file at {p}; give the path of a UTF-8 text file (or none, for Tiny Shakespeare)"
-        )
-    return _read_utf8(p)
-
-
 def _tokenize(tokenizer, text: str, vocab_size: int, cache: bool):
     "(tokenizer, ids of `text`) for `tokenizer` = 'char', 'bpe' (trained here, or cached) or a tokenizer object."
     # an object: ours, a tiktoken.Encoding or a Hugging Face tokenizer (through as_tokenizer)
@@ -332,11 +249,7 @@ def _tokenize(tokenizer, text: str, vocab_size: int, cache: bool):
         tok = CharTokenizer.train(text)
         return tok, encode_to_array(tok, text)
     if tokenizer == "bpe":
-        if not 256 <= vocab_size <= 2**16:
-            raise ValueError(f"a BPE vocab_size must be between 256 (the bytes) and 65,536 (uint16), got {vocab_size}")
         return _bpe_ids(text, vocab_size, cache)
-    if isinstance(tokenizer, str):
-        raise ValueError(f"tokenizer must be 'char', 'bpe' or a tokenizer object, got {tokenizer!r}")
     tokenizer = as_tokenizer(tokenizer)
     return tokenizer, encode_to_array(tokenizer, text)
 
@@ -345,7 +258,7 @@ def load_token_data(
     tokenizer="char", vocab_size: int = 512, path=None, val_fraction: float = 0.1, cache: bool = True
 ) -> TokenData:
     "The text at `path` (None: Tiny Shakespeare) as ids of `tokenizer` ('char', 'bpe' or an object), split by position."
-    text = _read_text(path)
+    text = tiny_shakespeare() if path is None else read_text(path)
     source = "Tiny Shakespeare" if path is None else Path(path).expanduser()
     if not text:
         raise ValueError(f"{source} is empty: there is no text to learn from; give a file with some text in it")

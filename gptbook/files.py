@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import shutil
 import tempfile
@@ -14,9 +15,9 @@ import time
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['fsync_dir', 'atomic_write', 'remove_dir', 'atomic_dir', 'sha256_of']
+__all__ = ['MAX_TEXT_BYTES', 'fsync_dir', 'atomic_write', 'remove_dir', 'atomic_dir', 'sha256_of', 'read_text', 'read_json', 'memory_bytes']
 
-# %% ../nbs/A2_checkpoints.ipynb #eb15f806
+# %% ../nbs/A2_checkpoints.ipynb #e4747d22
 def fsync_dir(path) -> None:
     "Make a rename or a new file in the folder `path` durable (POSIX only: other systems cannot open a folder)."
     if os.name != "posix":
@@ -41,8 +42,13 @@ def atomic_write(path, mode: str | None = "w", encoding: str | None = "utf-8"):
     `mode=None` yields the temporary file's path instead of an open file, for writers that take a path
     (`tokenizer.save(path)`). On an exception the temporary file is removed and `path` is untouched."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".tmp_{path.name}_")
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a folder: give the name of a file to write")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".tmp_{path.name}_")
+    except OSError as e:  # a file where a folder should be, a read-only or full disk: name the file
+        raise OSError(e.errno, f"cannot write {path}: {e.strerror}") from None
     try:
         if mode is None:
             os.close(fd)
@@ -53,8 +59,10 @@ def atomic_write(path, mode: str | None = "w", encoding: str | None = "utf-8"):
         _fsync_file(tmp)
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.errno:  # a disk that filled up while writing, say
+            raise OSError(e.errno, f"cannot write {path}: {e.strerror}") from None
         raise
     fsync_dir(path.parent)
 
@@ -65,7 +73,7 @@ def _umask() -> int:
     os.umask(mask)
     return mask
 
-# %% ../nbs/A2_checkpoints.ipynb #46d15b80
+# %% ../nbs/A2_checkpoints.ipynb #82bc364d
 def remove_dir(path) -> None:
     "Rename the folder `path` to a `.trash_` name beside it, then delete it: a kill half-way leaves no torn `path`."
     path = Path(path)
@@ -88,6 +96,7 @@ def atomic_dir(path):
         for p in tmp.rglob("*"):
             if p.is_file():
                 _fsync_file(p)
+                os.chmod(p, 0o666 & ~_umask())
         fsync_dir(tmp)
         os.chmod(tmp, 0o777 & ~_umask())
         if path.exists():
@@ -98,7 +107,7 @@ def atomic_dir(path):
         raise
     fsync_dir(path.parent)
 
-# %% ../nbs/A2_checkpoints.ipynb #79670a76
+# %% ../nbs/A2_checkpoints.ipynb #a0586c20
 def sha256_of(path, block_size: int = 1 << 20) -> str:
     "The SHA-256 of the file at `path`, in hex, read in blocks (a large file never sits in memory at once)."
     h = hashlib.sha256()
@@ -106,3 +115,38 @@ def sha256_of(path, block_size: int = 1 << 20) -> str:
         while block := f.read(block_size):
             h.update(block)
     return h.hexdigest()
+
+# %% ../nbs/A2_checkpoints.ipynb #27e8ac74
+MAX_TEXT_BYTES = 2**30  # 1 GiB: a larger corpus belongs in a token file, not in one string in memory
+
+
+def read_text(path, what: str = "text", max_bytes: int = MAX_TEXT_BYTES) -> str:
+    "The UTF-8 text of the regular file `path`; a missing, special, oversized or non-UTF-8 file is one line naming it."
+    path = Path(path).expanduser()
+    if not path.is_file():  # a folder, a device such as /dev/zero, a pipe: nothing to read whole
+        why = "is not a regular file" if path.exists() else "does not exist"
+        raise FileNotFoundError(f"{path} {why}: give the path of a UTF-8 {what} file")
+    if (size := path.stat().st_size) > max_bytes:
+        raise ValueError(f"{path} has {size:,} bytes, more than the {max_bytes:,} a {what} file may have here")
+    data = path.read_bytes()  # bytes, then UTF-8: no newline translation, so the text hashes as the file does
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        bad = f"byte {data[e.start]:#04x} at position {e.start:,}"
+        raise ValueError(f"{path} is not UTF-8 text ({bad}): convert it, e.g. iconv -f latin1 -t utf-8") from None
+
+
+def read_json(path, what: str = "JSON"):
+    "The JSON value in the file `path`; a file that is not UTF-8 JSON is one ValueError naming it."
+    try:
+        return json.loads(read_text(path, what, max_bytes=2**28))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON ({e})") from None
+
+# %% ../nbs/A2_checkpoints.ipynb #347e34b0
+def memory_bytes() -> int | None:
+    "The physical memory of this machine, in bytes (None where the system does not say)."
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None

@@ -10,14 +10,24 @@ import functools
 import math
 import types
 import typing
-from typing import Any, Literal, Union
+from typing import Any, Callable, Literal, Union
 
 # %% auto #0
 __all__ = ['option', 'field_types', 'split_optional', 'choices_of', 'OptionError', 'check_value', 'check_fields', 'Options']
 
 # %% ../nbs/A1_options.ipynb #84c99dfe
+class _NoDefault:
+    "Stands in for `dataclasses.MISSING` in `option`'s signature, whose docs would show its repr (an address)."
+
+    def __repr__(self):
+        return "NO_DEFAULT"
+
+
+_NO_DEFAULT = _NoDefault()
+
+
 def option(
-    default: Any = dataclasses.MISSING,
+    default: Any = _NO_DEFAULT,
     help: str = "",
     *,
     min: float | None = None,
@@ -28,15 +38,19 @@ def option(
     flag: str | None = None,
     metavar: str | None = None,
     cli: bool = True,
-    default_factory: Any = dataclasses.MISSING,
+    default_factory: Callable[[], Any] | None = None,
 ) -> Any:
-    """A dataclass field with its help text and allowed range.
+    """A dataclass field with its help text and allowed range; without `default` or `default_factory` it is required.
 
     `min`/`max` bound numbers (`min_open`/`max_open` exclude the bound itself); `why` is added to the error
     message; `flag` renames the command-line flag (default: `--field-name`) and `metavar` names its value in the
     help; `cli=False` gives it none."""
     metadata = dict(help=help, min=min, max=max, min_open=min_open, max_open=max_open, why=why)
     metadata.update(flag=flag, metavar=metavar, cli=cli)
+    if default is _NO_DEFAULT:
+        default = dataclasses.MISSING
+    if default_factory is None:
+        default_factory = dataclasses.MISSING
     return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
 
 # %% ../nbs/A1_options.ipynb #c4c525a2
@@ -75,7 +89,9 @@ def _type_error(hint, value) -> str | None:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return "a number"
         return None if math.isfinite(value) else "a finite number"
-    if origin in (str, tuple, list, dict):
+    if origin is str:  # an empty path, device or name is never meant: `--init-from ""` must not be ignored
+        return None if isinstance(value, str) and value else "a non-empty string"
+    if origin in (tuple, list, dict):
         return None if isinstance(value, origin) else f"a {origin.__name__}"
     return None
 

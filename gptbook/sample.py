@@ -12,19 +12,27 @@ from collections.abc import Iterator
 
 import torch
 
-from .options import OptionError, Options, check_value, field_types, option, split_optional
+from .adapters import TokenizerAdapter, as_tokenizer
+from .options import OptionError, Options, check_value, option
+from .tokenizer import BPETokenizer
 
 # %% auto #0
 __all__ = ['SamplingConfig', 'apply_temperature', 'top_k_filter', 'top_p_filter', 'min_p_filter', 'filter_logits',
-           'sample_next_token', 'apply_repetition_penalty', 'generate_steps', 'pad_prompts', 'generate', 'token_bytes',
-           'TextDecoder', 'stream']
+           'sample_next_token', 'apply_repetition_penalty', 'generate_steps', 'pad_prompts', 'generate', 'TextDecoder',
+           'stream']
 
 # %% ../nbs/09_sampling.ipynb #d4129d96
 @dataclasses.dataclass
 class SamplingConfig(Options):
     "How one call of `generate` or `stream` turns logits into tokens, checked once when made (HF: GenerationConfig)."
 
-    max_new_tokens: int = option(500, "how many tokens to generate after the prompt", min=0)
+    max_new_tokens: int = option(
+        500,
+        "how many tokens to generate after the prompt",
+        min=0,
+        max=1_000_000,
+        why="a million tokens take hours on a CPU; more is a typo",
+    )
     temperature: float = option(
         1.0,
         "divide the logits by this: 0 is greedy, below 1 sharper, above 1 flatter",
@@ -63,49 +71,31 @@ class SamplingConfig(Options):
     use_cache: bool = option(True, "keep each layer's keys and values (KV cache): the same tokens, much faster")
 
     def __post_init__(self):
-        self.stop = _as_tuple(self.stop)  # one token id, or a list or tensor of them
-        self.stop_strings = _as_tuple(self.stop_strings)
+        self.stop, self.stop_strings = _as_tuple(self.stop), _as_tuple(self.stop_strings)  # one value or several
         super().__post_init__()
 
     def check(self):
         "stop: None or token ids >= 0; stop_strings: None or non-empty strings."
-        _check_items("stop", self.stop, int, {"min": 0})
-        _check_items("stop_strings", self.stop_strings, str, {})
-        if self.stop_strings is not None and "" in self.stop_strings:
+        for name, item_type, meta in [("stop", int, {"min": 0}), ("stop_strings", str, {})]:
+            if getattr(self, name) == ():
+                raise OptionError(name, f"{name} must hold at least one value (None for none), got ()")
+            for value in getattr(self, name) or ():
+                check_value(name, item_type, meta, value)
+        if "" in (self.stop_strings or ()):
             raise OptionError("stop_strings", "stop_strings must not hold an empty string (it would stop at once)")
 
-
+# %% ../nbs/09_sampling.ipynb #f6460a67
 def _as_tuple(value):
     "One value or a sequence of them as a tuple; None stays None. Example: 3 -> (3,), [1, 2] -> (1, 2)"
     if isinstance(value, torch.Tensor):
         value = value.tolist()
     if isinstance(value, (int, str)):
         return (value,)
-    if isinstance(value, (list, range, set, frozenset)):
-        return tuple(value)
-    return value  # None, a tuple, or something the field check names
-
-
-def _check_items(name: str, values, item_type, meta: dict) -> None:
-    "None, or a non-empty tuple whose every item passes the shared check for `item_type`."
-    if values is None:
-        return
-    if not values:
-        raise OptionError(name, f"{name} must hold at least one value (None for none), got {values!r}")
-    for value in values:
-        check_value(name, item_type, meta, value)
-
-
-_FIELDS = {f.name: f for f in dataclasses.fields(SamplingConfig)}
-
-
-def _check_setting(name: str, value) -> None:
-    "Check one value for SamplingConfig's field `name` with the shared checks (None refused), for the filters."
-    hint, _ = split_optional(field_types(SamplingConfig)[name])
-    check_value(name, hint, _FIELDS[name].metadata, value)
+    return tuple(value) if isinstance(value, (list, range, set, frozenset)) else value  # else: the field check names it
 
 # %% ../nbs/09_sampling.ipynb #b72af8f2
 def _check_logits(logits):
+    "The one check of the filters: the settings were checked by SamplingConfig, the logits come from the caller."
     if not isinstance(logits, torch.Tensor) or not logits.is_floating_point():
         got = type(logits).__name__ + (f" of dtype {logits.dtype}" if isinstance(logits, torch.Tensor) else "")
         raise TypeError(f"logits must be a floating-point torch.Tensor of shape (..., vocab_size), got {got}")
@@ -114,12 +104,6 @@ def _check_logits(logits):
 def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     "Divide logits by `temperature` after subtracting the largest; 0 is greedy. Example: [1., 2.] at 0.5 -> [-2., 0.]"
     _check_logits(logits)
-    _check_setting("temperature", temperature)
-    return _apply_temperature(logits, temperature)
-
-
-def _apply_temperature(logits, temperature):
-    "`apply_temperature` without the checks: the generation loop checks its settings once, not at every token."
     z_max = logits.amax(-1, keepdim=True)  # (..., 1)
     if temperature == 0:
         return logits.masked_fill(logits < z_max, float("-inf"))
@@ -133,11 +117,6 @@ def _apply_temperature(logits, temperature):
 def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
     "Keep the k largest logits and ties with the k-th, the rest -> -inf. Example: [1., 3., 2.], k=2 -> [-inf, 3., 2.]"
     _check_logits(logits)
-    _check_setting("top_k", k)
-    return _top_k_filter(logits, k)
-
-
-def _top_k_filter(logits, k):
     k = min(k, logits.size(-1))  # a k beyond the vocabulary keeps everything
     kth = torch.topk(logits, k, dim=-1).values[..., -1:]  # (..., 1) the k-th largest logit of each row
     return logits.masked_fill(logits < kth, float("-inf"))
@@ -146,11 +125,6 @@ def _top_k_filter(logits, k):
 def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     "Keep the fewest most likely tokens whose probabilities reach `p`. Example: probs [.5, .3, .2], 0.7 -> first two"
     _check_logits(logits)
-    _check_setting("top_p", p)
-    return _top_p_filter(logits, p)
-
-
-def _top_p_filter(logits, p):
     if p == 1:
         return logits.clone()
     sorted_logits, order = torch.sort(logits, dim=-1, descending=True, stable=True)  # (..., V)
@@ -165,60 +139,30 @@ def _top_p_filter(logits, p):
 def min_p_filter(logits: torch.Tensor, min_p: float) -> torch.Tensor:
     "Keep tokens at least `min_p` times as likely as the top one. Example: probs [.6, .3, .1], 0.25 -> the first two"
     _check_logits(logits)
-    _check_setting("min_p", min_p)
-    return _min_p_filter(logits, min_p)
-
-
-def _min_p_filter(logits, min_p):
     if min_p == 0:
         return logits.clone()
     z_max = logits.amax(-1, keepdim=True)  # (..., 1)
     return logits.masked_fill(logits - z_max < math.log(min_p), float("-inf"))
 
 # %% ../nbs/09_sampling.ipynb #49354090
-#| code-fold: true
-def filter_logits(
-    logits: torch.Tensor,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    min_p: float | None = None,
-) -> torch.Tensor:
+def filter_logits(logits, temperature=1.0, top_k=None, top_p=None, min_p=None) -> torch.Tensor:
     "Temperature, then top-k, top-p and min-p (each skipped when None); removed tokens get -inf."
-    _check_logits(logits)
-    config = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)  # checks all four
-    return _filter_logits(logits, config)
-
-
-def _filter_logits(logits, config: SamplingConfig):
-    logits = _apply_temperature(logits, config.temperature)
-    if config.top_k is not None:
-        logits = _top_k_filter(logits, config.top_k)
-    if config.top_p is not None:
-        logits = _top_p_filter(logits, config.top_p)
-    if config.min_p is not None:
-        logits = _min_p_filter(logits, config.min_p)
+    logits = apply_temperature(logits, temperature)
+    if top_k is not None:
+        logits = top_k_filter(logits, top_k)
+    if top_p is not None:
+        logits = top_p_filter(logits, top_p)
+    if min_p is not None:
+        logits = min_p_filter(logits, min_p)
     return logits
 
 
-def sample_next_token(
-    logits: torch.Tensor,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    min_p: float | None = None,
-    generator: torch.Generator | None = None,
-) -> torch.Tensor:
+def sample_next_token(logits, temperature=1.0, top_k=None, top_p=None, min_p=None, generator=None) -> torch.Tensor:
     "One token id per row of `logits` (B, vocab_size) -> (B,): the argmax at temperature 0, else a filtered draw."
     _check_logits(logits)
-    config = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
-    return _sample_next_token(logits, config, generator)
-
-
-def _sample_next_token(logits, config: SamplingConfig, generator):
-    if config.temperature == 0:
+    if temperature == 0:
         return logits.argmax(-1)  # greedy: no randomness, and the generator is not advanced
-    z = _filter_logits(logits, config)  # (B, V)
+    z = filter_logits(logits, temperature, top_k, top_p, min_p)  # (B, V)
     probs = z.to(torch.promote_types(z.dtype, torch.float32)).softmax(-1)  # (B, V) at least float32
     if generator is not None and generator.device != probs.device:
         # Draw on the generator's device, so that a seed gives the same tokens on CPU and GPU.
@@ -226,199 +170,72 @@ def _sample_next_token(logits, config: SamplingConfig, generator):
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # (B,)
 
 # %% ../nbs/09_sampling.ipynb #99ef61ce
-def apply_repetition_penalty(logits: torch.Tensor, context: torch.Tensor, penalty: float) -> torch.Tensor:
-    "Push down the logits of tokens in `context`. Example: [2., -1., .5], context [0, 1], 2 -> [1., -2., .5]"
+def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    "Push down the logits where the mask `seen` is True. Example: [2., -1., .5], seen [1, 1, 0], 2 -> [1., -2., .5]"
     _check_logits(logits)
-    _check_setting("repetition_penalty", penalty)
-    return _apply_repetition_penalty(logits, context, penalty)
-
-
-def _apply_repetition_penalty(logits, context, penalty):
-    seen = logits.gather(-1, context)  # (..., T) the logit of each context token
-    seen = torch.where(seen > 0, seen / penalty, seen * penalty)
-    return logits.scatter(-1, context, seen)  # a token seen twice is penalised once
-
-# %% ../nbs/09_sampling.ipynb #11ea95a3
-# The defaults of the settings keywords of generate, generate_steps and stream (a test checks the signatures).
-_KEYWORD_DEFAULTS = dict(
-    max_new_tokens=None,  # None: the config's (500 by default)
-    temperature=1.0,
-    top_k=None,
-    top_p=None,
-    use_cache=True,
-    min_p=None,
-    repetition_penalty=None,
-    stop=None,
-    stop_strings=None,
-)
-
-
-def _is_default(value, default) -> bool:
-    "Is a keyword's value its default? By identity, or equal and of the same type (so 1 overrides 1.0)."
-    return value is default or (type(value) is type(default) and value == default)
-
-
-def _call_config(config: SamplingConfig | None, **keywords) -> SamplingConfig:
-    "The settings of one call: `config` (or the defaults) with every keyword that differs from its default applied."
-    if config is not None and not isinstance(config, SamplingConfig):
-        raise TypeError(f"config must be a SamplingConfig, got {type(config).__name__}")
-    changes = {k: v for k, v in keywords.items() if not _is_default(v, _KEYWORD_DEFAULTS[k])}
-    if config is None:
-        return SamplingConfig(**changes)  # checked here, once per call
-    return config.replace(**changes) if changes else config
-
-
-def _model_limits(model) -> tuple[int, int | None]:
-    "(max_seq_len, vocab_size) from `model.config`: all the sampler asks of a model besides calling it and make_cache."
-    config = getattr(model, "config", None)
-    max_seq_len = getattr(config, "max_seq_len", None)
-    if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len < 1:
-        raise TypeError(
-            f"generation needs `model.config.max_seq_len` (the context length, an int >= 1); "
-            f"{type(model).__name__} has {max_seq_len!r}"
-        )
-    return max_seq_len, getattr(config, "vocab_size", None)
-
-
-def _check_idx(idx, vocab_size: int | None) -> None:
-    if not isinstance(idx, torch.Tensor) or idx.dtype != torch.long:
-        got = type(idx).__name__ + (f" of dtype {idx.dtype}" if isinstance(idx, torch.Tensor) else "")
-        raise TypeError(f"idx must be a LongTensor of token ids of shape (B, T), got {got}")
-    if idx.dim() != 2:
-        hint = " (add a batch dimension: idx[None])" if idx.dim() == 1 else ""
-        raise ValueError(f"idx must have shape (B, T), got {tuple(idx.shape)}{hint}")
-    if idx.size(0) == 0:
-        raise ValueError("idx has no rows (B=0): give at least one prompt")
-    if idx.size(1) == 0:
-        raise ValueError(
-            "empty prompt: generation needs at least one token to condition on "
-            "(start with a newline or a <|endoftext|> token)"
-        )
-    if vocab_size is not None and (int(idx.min()) < 0 or int(idx.max()) >= vocab_size):
-        bad = int(idx.min()) if int(idx.min()) < 0 else int(idx.max())
-        raise ValueError(
-            f"token id {bad} in idx is outside the model's vocabulary 0..{vocab_size - 1} (vocab_size={vocab_size}): "
-            "was the prompt encoded with the model's own tokenizer?"
-        )
-
-
-def _check_call(model, idx, config: SamplingConfig) -> None:
-    "The checks of one call that need the model: the prompt's and the stop tokens' ids against its vocabulary."
-    vocab_size = _model_limits(model)[1]
-    _check_idx(idx, vocab_size)
-    for s in config.stop or ():
-        if vocab_size is not None and s >= vocab_size:
-            why = f"is outside the model's vocabulary 0..{vocab_size - 1} (vocab_size={vocab_size})"
-            raise OptionError("stop", f"stop token id {s} {why}")
-
-
-def _proc_kb(path: str, key: str) -> int | None:
-    "The `key:  N kB` line of a Linux /proc file, in kB; None where there is none (other systems)."
-    try:
-        with open(path) as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def _free_bytes(device: torch.device) -> int | None:
-    "Memory a new tensor on `device` can still take: CUDA's free memory, else the RAM available within `ulimit -v`."
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    available = _proc_kb("/proc/meminfo", "MemAvailable")
-    free = None if available is None else available * 1024
-    try:
-        import resource  # Unix only
-
-        limit = resource.getrlimit(resource.RLIMIT_AS)[0]
-    except (ImportError, OSError, ValueError):
-        return free
-    used = _proc_kb("/proc/self/status", "VmSize")
-    if limit != resource.RLIM_INFINITY and used is not None:
-        free = min(f for f in (free, limit - used * 1024) if f is not None)
-    return free
-
-
-def _check_output_fits(idx, max_new_tokens: int) -> None:
-    "Refuse, before allocating anything, a max_new_tokens whose (B, T + max_new_tokens) output cannot fit in memory."
-    B, T = idx.shape
-    need = 3 * 8 * B * (T + max_new_tokens)  # int64 ids: the new-token buffer, the output and a working copy
-    free = _free_bytes(idx.device)
-    if free is not None and need > free:
-        raise OptionError(
-            "max_new_tokens",
-            f"max_new_tokens={max_new_tokens:,} asks generate for a ({B}, {T + max_new_tokens:,}) output: about "
-            f"{need / 2**30:,.1f} GiB with its working copies, more than the {free / 2**30:,.1f} GiB free on "
-            f"{idx.device}; ask for fewer tokens, or stream() the text (it keeps no buffer)",
-        )
-
-
-def _prompt_lengths(idx, attention_mask):
-    "Number of real tokens in each row of a left-padded batch (B,)."
-    if attention_mask is None:
-        return torch.full((idx.size(0),), idx.size(1), dtype=torch.long, device=idx.device)
-    if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != idx.shape:
-        raise ValueError(
-            f"attention_mask must be a tensor of idx's shape {tuple(idx.shape)} "
-            f"(1 = token, 0 = left padding), got {getattr(attention_mask, 'shape', attention_mask)}"
-        )
-    m = attention_mask.to(device=idx.device, dtype=torch.long)
-    if not ((m == 0) | (m == 1)).all():
-        raise ValueError("attention_mask must contain only 0 (padding) and 1 (token)")
-    if not (m[:, 1:] >= m[:, :-1]).all():
-        raise ValueError(
-            "attention_mask must be left padding (zeros only before the ones in each row): "
-            "pad prompts on the left, e.g. with pad_prompts"
-        )
-    lengths = m.sum(1)  # (B,)
-    if (lengths == 0).any():
-        raise ValueError(f"row {int((lengths == 0).nonzero()[0])} of the batch is an empty prompt (all padding)")
-    return lengths
-
-
-def _encode_prompt(model, tokenizer, prompt: str) -> torch.Tensor:
-    "The text `prompt` as token ids (1, T) on the model's device."
-    if not isinstance(prompt, str):
-        raise TypeError(f"prompt must be a str, got {type(prompt).__name__}")
-    if not prompt:
-        raise ValueError("empty prompt: give at least one character to continue (e.g. a newline)")
-    ids = tokenizer.encode(prompt)  # a CharTokenizer names any character it does not know
-    ids = getattr(ids, "ids", ids)  # a Hugging Face tokenizers.Tokenizer returns an Encoding
-    p = next(iter(model.parameters()), None)
-    return torch.tensor([ids], dtype=torch.long, device=p.device if p is not None else "cpu")  # (1, T)
+    pushed = torch.where(logits > 0, logits / penalty, logits * penalty)  # (..., V) every logit pushed down
+    return torch.where(seen.bool(), pushed, logits)
 
 # %% ../nbs/09_sampling.ipynb #8bbac01f
-def _last_logits(model, seq, cache, max_seq_len: int, use_cache: bool):
+def _last_logits(model, window, length: int, cache, use_cache: bool):
     "The last position's logits (B, V), and the cache for the next step (None when unused or outgrown)."
-    if not use_cache or seq.size(1) > max_seq_len:  # the plain loop's crop, exactly
-        return model(seq[:, -max_seq_len:])[:, -1, :], None
+    if not use_cache or length > model.config.max_seq_len:  # the plain loop's crop, exactly
+        return model(window)[:, -1, :], None
     if cache is None:  # prefill: run the whole prompt once and fill the cache
-        cache = model.make_cache(seq.size(0), device=seq.device)
-        return model(seq, cache=cache)[:, -1, :], cache
-    # The cache holds positions 0..T-2: run only the newest token, at position T-1.
-    return model(seq[:, -1:], cache=cache)[:, -1, :], cache
+        cache = model.make_cache(window.size(0), device=window.device)
+        return model(window, cache=cache)[:, -1, :], cache
+    # The cache holds positions 0..length-2: run only the newest token, at position length-1.
+    return model(window[:, -1:], cache=cache)[:, -1, :], cache
 
 
 @torch.no_grad()
-def _token_loop(model, seq, n_steps: int, config: SamplingConfig, generator, forced=None):
+def _token_loop(model, idx, n_steps: int, config: SamplingConfig, generator, forced=None):
     "Yields (tokens (B,), logits (B, V)) for n_steps steps; forced = (tokens, mask) (B, S) overrides steps s < S."
-    max_seq_len, cache = model.config.max_seq_len, None
+    max_seq_len, length, cache, seen = model.config.max_seq_len, idx.size(1), None, None
+    window = idx[:, -max_seq_len:]  # (B, <= max_seq_len) the text as far as the model can see it
     for s in range(n_steps):
-        logits, cache = _last_logits(model, seq, cache, max_seq_len, config.use_cache)  # (B, V)
+        logits, cache = _last_logits(model, window, length, cache, config.use_cache)  # (B, V)
         z = logits
         if config.repetition_penalty is not None:
-            z = _apply_repetition_penalty(logits, seq, config.repetition_penalty)
-        nxt = _sample_next_token(z, config, generator)  # (B,)
+            if seen is None:  # the tokens of the text so far, as a mask (B, V)
+                seen = torch.zeros_like(logits, dtype=torch.bool).scatter_(-1, idx, True)
+            z = apply_repetition_penalty(logits, seen, config.repetition_penalty)
+        nxt = sample_next_token(z, config.temperature, config.top_k, config.top_p, config.min_p, generator)  # (B,)
         if forced is not None and s < forced[0].size(1):
             nxt = torch.where(forced[1][:, s], forced[0][:, s], nxt)  # teacher forcing: the row's prompt token
         yield nxt, logits
-        seq = torch.cat([seq, nxt[:, None]], dim=1)  # (B, T + 1)
+        window, length = torch.cat([window, nxt[:, None]], 1)[:, -max_seq_len:], length + 1
+        if seen is not None:
+            seen.scatter_(-1, nxt[:, None], True)
+
+# %% ../nbs/09_sampling.ipynb #c338a32a
+def _settings(config, max_new_tokens, temperature, top_k, top_p, use_cache) -> SamplingConfig:
+    "One call's settings: the keywords, or `config` with at most max_new_tokens beside it."
+    keywords = dict(temperature=temperature, top_k=top_k, top_p=top_p, use_cache=use_cache)
+    length = {} if max_new_tokens is None else dict(max_new_tokens=max_new_tokens)
+    if config is None:
+        return SamplingConfig(**keywords, **length)  # checked here, once per call
+    if not isinstance(config, SamplingConfig):
+        raise TypeError(f"config must be a SamplingConfig, got {type(config).__name__}")
+    if both := [k for k, v in keywords.items() if v != getattr(SamplingConfig, k)]:
+        raise TypeError(f"{both[0]} was given both as a keyword and in config: use config.replace({both[0]}=...)")
+    return config.replace(**length)
+
+
+def _check_call(model, idx, config: SamplingConfig) -> None:
+    "What only a call can check: idx is (B, T) token ids with B, T >= 1; the stop ids are in the vocabulary."
+    if not isinstance(idx, torch.Tensor) or idx.dtype != torch.long:
+        got = type(idx).__name__ + (f" of dtype {idx.dtype}" if isinstance(idx, torch.Tensor) else "")
+        raise TypeError(f"idx must be a LongTensor of token ids of shape (B, T), got {got}")
+    if idx.dim() != 2 or 0 in idx.shape:
+        hint = "one prompt? use idx[None]" if idx.dim() == 1 else "an empty prompt? give at least one token"
+        raise ValueError(f"idx must have shape (B, T) with B, T >= 1, got {tuple(idx.shape)} ({hint})")
+    vocab_size = model.config.vocab_size
+    if too_big := [s for s in config.stop or () if s >= vocab_size]:
+        why = f"is outside the model's vocabulary 0..{vocab_size - 1} (vocab_size={vocab_size})"
+        raise OptionError("stop", f"stop token id {too_big[0]} {why}")
 
 # %% ../nbs/09_sampling.ipynb #05657956
-#| code-fold: true
 def generate_steps(
     model,
     idx: torch.Tensor,
@@ -429,21 +246,10 @@ def generate_steps(
     use_cache: bool = True,
     *,
     config: SamplingConfig | None = None,
-    min_p: float | None = None,
-    repetition_penalty: float | None = None,
     generator: torch.Generator | None = None,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     "Iterate over generation steps: yields (next tokens (B,), last-position logits (B, vocab_size)) per new token."
-    config = _call_config(
-        config,
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-        use_cache=use_cache,
-        min_p=min_p,
-        repetition_penalty=repetition_penalty,
-    )
+    config = _settings(config, max_new_tokens, temperature, top_k, top_p, use_cache)
     _check_call(model, idx, config)
     return _token_loop(model, idx, config.max_new_tokens, config, generator)
 
@@ -451,38 +257,29 @@ def generate_steps(
 def pad_prompts(prompts, pad_id: int = 0, device=None) -> tuple[torch.Tensor, torch.Tensor]:
     "Left-pad lists of token ids into (idx, attention_mask), each (B, T). Example: [[5, 6], [7]] -> [[5, 6], [0, 7]]"
     prompts = [list(map(int, p)) for p in prompts]
-    if not prompts:
-        raise ValueError("pad_prompts got no prompts")
-    for i, p in enumerate(prompts):
-        if not p:
-            raise ValueError(f"prompt {i} is empty: every prompt needs at least one token")
+    if not prompts or not all(prompts):
+        raise ValueError("pad_prompts needs at least one prompt, and every prompt needs at least one token")
     T = max(map(len, prompts))
-    idx = torch.full((len(prompts), T), pad_id, dtype=torch.long, device=device)
-    mask = torch.zeros((len(prompts), T), dtype=torch.long, device=device)
-    for i, p in enumerate(prompts):
-        idx[i, T - len(p) :] = torch.tensor(p, dtype=torch.long)
-        mask[i, T - len(p) :] = 1
+    idx = torch.tensor([[pad_id] * (T - len(p)) + p for p in prompts], dtype=torch.long, device=device)
+    mask = torch.tensor([[0] * (T - len(p)) + [1] * len(p) for p in prompts], dtype=torch.long, device=device)
     return idx, mask
 
 # %% ../nbs/09_sampling.ipynb #efefb07c
 def _collect_new_tokens(steps, prompt_left, max_new_tokens: int, stop: tuple[int, ...] | None):
     "Each row's new tokens (B, up to max_new_tokens) and how many it got (B,): fewer once it made a stop token."
     B, device = prompt_left.size(0), prompt_left.device
-    stop_ids = None if stop is None else torch.tensor(stop, device=device)
-    new = torch.zeros((B, min(max_new_tokens, 1024)), dtype=torch.long, device=device)  # grown as tokens come
+    stop_ids = torch.tensor(stop or (), dtype=torch.long, device=device)
+    new = torch.zeros((B, min(max_new_tokens, 1024)), dtype=torch.long, device=device)  # doubled as tokens come
     n_new = torch.zeros(B, dtype=torch.long, device=device)  # new tokens so far, per row
     finished = torch.zeros(B, dtype=torch.bool, device=device)  # produced a stop token
     rows = torch.arange(B, device=device)
     for s, (tok, _) in enumerate(steps):
-        if (
-            s >= new.size(1) and new.size(1) < max_new_tokens
-        ):  # a row gains at most one token per step: double before it overflows
+        if new.size(1) < min(s + 1, max_new_tokens):  # a row gains at most one token per step
             new = torch.cat([new, torch.zeros_like(new)], 1)[:, :max_new_tokens]
         active = (s >= prompt_left) & (n_new < max_new_tokens) & ~finished  # (B,) past its prompt, still going
         new[rows[active], n_new[active]] = tok[active]
         n_new += active.long()
-        if stop_ids is not None:
-            finished |= active & torch.isin(tok, stop_ids)
+        finished |= active & torch.isin(tok, stop_ids)
         if bool((finished | (n_new == max_new_tokens)).all()):
             break
     return new, n_new
@@ -495,7 +292,19 @@ def _fill_after_stop(new, n_new):
     return torch.where(after, last, new)[:, : int(n_new.max())]
 
 # %% ../nbs/09_sampling.ipynb #5e593efd
-#| code-fold: true
+def _prompt_lengths(idx, attention_mask):
+    "Number of real tokens in each row of a left-padded batch (B,)."
+    if attention_mask is None:
+        return torch.full((idx.size(0),), idx.size(1), dtype=torch.long, device=idx.device)
+    m = torch.as_tensor(attention_mask, device=idx.device).long()  # (B, T)
+    if m.shape != idx.shape or not (((m == 0) | (m == 1)).all() and (m[:, 1:] >= m[:, :-1]).all() and m[:, -1].all()):
+        raise ValueError(
+            f"attention_mask must have idx's shape {tuple(idx.shape)} and be left padding: in each row 0s, then "
+            "1s for the tokens, at least one (pad_prompts makes one)"
+        )
+    return m.sum(1)
+
+
 def _left_align(idx, lengths):
     "Each row's first `shortest` real tokens (B, shortest), and the rest of its prompt to force: (tokens, mask) (B, S)."
     T = idx.size(1)
@@ -517,57 +326,35 @@ def generate(
     use_cache: bool = True,
     *,
     config: SamplingConfig | None = None,
-    min_p: float | None = None,
-    repetition_penalty: float | None = None,
-    stop: int | list[int] | None = None,
     generator: torch.Generator | None = None,
     attention_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     "Continue each prompt of idx (B, T) by max_new_tokens tokens -> (B, T + max_new_tokens), fewer if all rows stopped."
-    config = _call_config(
-        config,
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-        use_cache=use_cache,
-        min_p=min_p,
-        repetition_penalty=repetition_penalty,
-        stop=stop,
-    )
+    config = _settings(config, max_new_tokens, temperature, top_k, top_p, use_cache)
     if config.stop_strings is not None:
-        raise OptionError("stop_strings", "generate sees token ids only: use stream() for stop_strings, or stop=ids")
+        raise OptionError(
+            "stop_strings", "generate sees token ids only: give stop (token ids), or use stream() for stop_strings"
+        )
     _check_call(model, idx, config)
     lengths = _prompt_lengths(idx, attention_mask)  # (B,)
     if config.max_new_tokens == 0:
         return idx.clone()
-    _check_output_fits(idx, config.max_new_tokens)  # before any buffer is made
     seq, forced = _left_align(idx, lengths)  # all rows start at position 0 with the shortest prompt's length
     steps = _token_loop(model, seq, forced[0].size(1) + config.max_new_tokens, config, generator, forced)
     new, n_new = _collect_new_tokens(steps, lengths - seq.size(1), config.max_new_tokens, config.stop)
     return torch.cat([idx, _fill_after_stop(new, n_new)], dim=1)  # (B, T + longest row)
 
 # %% ../nbs/09_sampling.ipynb #fd59a146
-#| code-fold: true
-def token_bytes(tokenizer, token_id: int) -> bytes | None:
-    """The bytes of one token where the tokenizer has them: its `token_bytes(id)` (gptbook's adapter), its
-    `vocab[id]` if that is bytes (BPETokenizer), tiktoken's `decode_single_token_bytes`; else None (text only)."""
-    if callable(getattr(tokenizer, "token_bytes", None)):
-        return tokenizer.token_bytes(token_id)
-    vocab = getattr(tokenizer, "vocab", None)
-    b = vocab.get(token_id) if isinstance(vocab, dict) else None
-    if isinstance(b, bytes):
-        return b
-    if callable(getattr(tokenizer, "decode_single_token_bytes", None)):  # a tiktoken.Encoding
-        return tokenizer.decode_single_token_bytes(token_id)
-    return None
+def _token_bytes(tokenizer, token_id: int) -> bytes | None:
+    "The bytes of one token, where the tokenizer (as `as_tokenizer` returns it) spells tokens in bytes; else None."
+    if isinstance(tokenizer, BPETokenizer):
+        return tokenizer.vocab[token_id]
+    return tokenizer.token_bytes(token_id) if isinstance(tokenizer, TokenizerAdapter) else None
 
 
 class TextDecoder:
-    """Token ids in, new text out, never half a character. With the bytes of each token: the standard library's
-    incremental UTF-8 decoder. Without (a tokenizer that gives only text): the prefix-diff method, which decodes a
-    short window of ids and yields what the newest ids add to the window's first part, once that ends in a whole
-    character (not U+FFFD)."""
+    """Token ids in, new text out, never half a character: through the bytes of each token where the tokenizer (as
+    `as_tokenizer` returns it) has them, else by prefix diffs (decode a window of ids, yield only whole characters)."""
 
     def __init__(self, tokenizer):
         self.tokenizer, self.by_bytes = tokenizer, None  # by_bytes: decided at the first token
@@ -576,7 +363,7 @@ class TextDecoder:
 
     def add(self, token_id: int) -> str:
         "The text that token `token_id` completes (often all of it; '' while a character is unfinished)."
-        b = token_bytes(self.tokenizer, token_id) if self.by_bytes is not False else None
+        b = _token_bytes(self.tokenizer, token_id) if self.by_bytes is not False else None
         if self.by_bytes is None:
             self.by_bytes = b is not None
         if self.by_bytes:
@@ -598,7 +385,7 @@ class TextDecoder:
             return self.utf8.decode(b"", final=True)
         return self._diff(final=True) if self.read < len(self.ids) else ""
 
-
+# %% ../nbs/09_sampling.ipynb #2a4c04c0
 def _cut_at_stop(text: str, stop_strings: tuple[str, ...]) -> tuple[str, bool]:
     """(text before the first stop string to be complete, True), or (text, False) if none is. The first to be
     complete is the one that ends first; among those ending there, the one that starts first. A stop string that
@@ -615,7 +402,6 @@ def _held_back(text: str, stop_strings: tuple[str, ...]) -> int:
     return max((k for s in stop_strings for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
 
 # %% ../nbs/09_sampling.ipynb #73159662
-#| code-fold: true
 def _stream_text(steps, tokenizer, stop_ids: set[int], stop_strings: tuple[str, ...]) -> Iterator[str]:
     decoder = TextDecoder(tokenizer)
     pending, stopped = "", False  # pending: decoded but not yet yielded, as it could begin a stop string
@@ -636,6 +422,14 @@ def _stream_text(steps, tokenizer, stop_ids: set[int], stop_strings: tuple[str, 
         yield pending
 
 
+def _encode_prompt(model, tokenizer, prompt: str) -> torch.Tensor:
+    "The text `prompt` as token ids (1, T) on the model's device."
+    if prompt == "":
+        raise ValueError("empty prompt: give at least one character to continue (e.g. a newline)")
+    p = next(iter(model.parameters()), None)
+    return torch.tensor([tokenizer.encode(prompt)], dtype=torch.long, device=p.device if p is not None else "cpu")
+
+
 def stream(
     model,
     tokenizer,
@@ -647,25 +441,11 @@ def stream(
     use_cache: bool = True,
     *,
     config: SamplingConfig | None = None,
-    min_p: float | None = None,
-    repetition_penalty: float | None = None,
-    stop: int | list[int] | None = None,
-    stop_strings: str | list[str] | None = None,
     generator: torch.Generator | None = None,
 ) -> Iterator[str]:
     "Continue the text `prompt`, yielding the new text in pieces of valid UTF-8 as soon as they are complete."
-    config = _call_config(
-        config,
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-        use_cache=use_cache,
-        min_p=min_p,
-        repetition_penalty=repetition_penalty,
-        stop=stop,
-        stop_strings=stop_strings,
-    )
+    config = _settings(config, max_new_tokens, temperature, top_k, top_p, use_cache)
+    tokenizer = as_tokenizer(tokenizer)
     idx = _encode_prompt(model, tokenizer, prompt)  # (1, T)
     _check_call(model, idx, config)
     steps = _token_loop(model, idx, config.max_new_tokens, config, generator)

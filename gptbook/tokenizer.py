@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import heapq
 import json
+import math
 import operator
 import re
 import warnings
@@ -20,110 +21,40 @@ from .files import atomic_write
 
 # %% auto #0
 __all__ = ['GPT2_PATTERN', 'CharTokenizer', 'count_pairs', 'merge_pair', 'train_bpe_naive', 'bpe_merges', 'pretokenize',
-           'apply_merges', 'BPETokenizer', 'load_tokenizer', 'TokenizerAdapter', 'as_tokenizer']
+           'apply_merges', 'BPETokenizer', 'load_tokenizer']
 
-# %% ../nbs/01_tokenizer.ipynb #b7c1e0a2
+# %% ../nbs/01_tokenizer.ipynb #09a6926b
+#| code-fold: true
 def _check_text(text, caller: str) -> None:
-    "The one place that checks a tokenizer's input is a `str`."
+    "A tokenizer's one input check: `text` is a `str` (bytes get a hint to decode them)."
     if not isinstance(text, str):
         fix = "; decode it first, e.g. data.decode('utf-8')" if isinstance(text, (bytes, bytearray)) else ""
         raise TypeError(f"{caller} expects a str, got {type(text).__name__}{fix}")
 
 
-_CLASS_OF_KIND = {"char": "CharTokenizer", "bpe": "BPETokenizer"}
+def _plain_ids(ids) -> tuple[list, bool]:
+    "`ids` as a list (arrays and tensors through `tolist`), and whether all are plain ints (floats hash like ints)."
+    return (ids := ids.tolist() if hasattr(ids, "tolist") else list(ids)), set(map(type, ids)) <= {int}
 
 
-def _kind_of(contents) -> str | None:
-    'A tokenizer file\'s "type"; a file without one is recognised by its keys ("chars": char, "merges": bpe).'
-    if not isinstance(contents, dict):
-        return None
-    if "type" in contents:
-        return contents["type"]
-    return "char" if "chars" in contents else "bpe" if "merges" in contents else None
-
-
-_DAMAGED = "the tokenizer file is damaged or not gptbook's; write it again with tokenizer.save(path)"
-
-
-def _read_tokenizer_file(path, kind: str | None = None) -> tuple[str, dict]:
-    "The kind ('char' or 'bpe') and the contents of the tokenizer file `path`, which must be of `kind` if given."
-    try:
-        contents = json.loads(Path(path).read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path} is not valid JSON ({e}): {_DAMAGED}") from None
-    except UnicodeDecodeError as e:
-        bad = f"byte {e.object[e.start]:#04x} at position {e.start}"
-        raise ValueError(f"{path} is not UTF-8 text ({bad}): {_DAMAGED}") from None
-    found = _kind_of(contents)
-    known = isinstance(found, str) and found in _CLASS_OF_KIND
-    if known and kind in (None, found):
-        return found, contents
-    what = f"a {_CLASS_OF_KIND[kind]}" if kind else "a gptbook tokenizer"
-    expected = f'"{kind}"' if kind else '"char" or "bpe"'
-    fix = f" (use {_CLASS_OF_KIND[found]}.load for it, or load_tokenizer for either)" if known else ""
-    raise ValueError(f'{path} is not {what} file: its "type" is {found!r}, expected {expected}{fix}')
-
-
-def _field(path, contents: dict, key: str, types, what: str):
-    "`contents[key]` if it is one of `types`; else one line naming the file, the key and what it should hold."
-    value = contents.get(key)
-    if not isinstance(value, types):
-        raise ValueError(f'{path} has no valid "{key}" (it should be {what}, got {value!r:.60}): {_DAMAGED}')
-    return value
-
-
-def _from_file(path, build):
-    "`build()`; a TypeError or ValueError about the file's contents becomes a ValueError that names the file."
-    try:
-        return build()
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"{path}: {e}") from None
-
-
-def _token_id(i, vocab_size: int, what: str) -> int:
-    "`i` as an id: a TypeError for a float, bool or string; a ValueError outside 0..vocab_size-1 ('id 9 is not what')."
+def _token_id(i, vocab_size: int, what: str, known=None) -> int:
+    "`i` as an id: a TypeError for a float, bool or string; a ValueError outside 0..vocab_size-1 or `known`."
     if isinstance(i, bool) or not hasattr(type(i), "__index__"):
         raise TypeError(f"token ids must be integers, got {i!r} ({type(i).__name__})")
     i = operator.index(i)
-    if not 0 <= i < vocab_size:
+    if not 0 <= i < vocab_size or (known is not None and i not in known):
         raise ValueError(f"id {i} is not {what} (vocab_size is {vocab_size}, ids are 0..{vocab_size - 1})")
     return i
 
 
-def _compile_pattern(pattern):
-    "`pattern` compiled by `regex`: a TypeError for a non-string, a ValueError (not regex.error) for a bad regex."
-    if not isinstance(pattern, str):
-        raise TypeError(f"pattern must be a regex string or None, got {type(pattern).__name__}")
-    try:
-        return regex.compile(pattern)
-    except regex.error as e:
-        raise ValueError(f"the pre-tokenization pattern {pattern!r} is not a valid regex ({e})") from None
-
-
-def _plain_ids(ids) -> tuple[list, bool]:
-    "`ids` as a list (arrays and tensors through `tolist`), and whether all are plain ints (floats hash like ints)."
-    ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
-    return ids, set(map(type, ids)) <= {int}
-
-# %% ../nbs/01_tokenizer.ipynb #09a6926b
-#| code-fold: true
 class CharTokenizer:
     "One id per character: `chars[i]` has id `i`."
 
     def __init__(self, chars):
-        chars = list(chars)
-        if not chars:
-            raise ValueError("CharTokenizer needs at least one character; got an empty list")
-        for c in chars:
-            if not isinstance(c, str) or len(c) != 1:
-                raise TypeError(f"CharTokenizer chars must be single-character strings, got {c!r}")
-        if len(set(chars)) != len(chars):
-            repeated = next(c for c in chars if chars.count(c) > 1)
-            raise ValueError(
-                f"CharTokenizer chars must be distinct (each character gets one id), but {repeated!r} repeats"
-            )
-        self.chars = chars
-        self.stoi = {c: i for i, c in enumerate(chars)}
+        self.chars = list(chars)
+        self.stoi = {c: i for i, c in enumerate(self.chars)}
+        if not self.chars or len(self.stoi) < len(self.chars) or any(len(c) != 1 for c in self.stoi):
+            raise ValueError(f"CharTokenizer needs distinct characters, one per id; got {self.chars!r:.80}")
 
     @classmethod
     def train(cls, text: str) -> CharTokenizer:
@@ -146,8 +77,8 @@ class CharTokenizer:
             pass
         i = next(i for i, c in enumerate(text) if c not in self.stoi)
         raise ValueError(
-            f"character {text[i]!r} at position {i} is not in this CharTokenizer's vocabulary; "
-            "retrain it (CharTokenizer.train) on a text that contains it"
+            f"character {text[i]!r} at position {i} is not one of the {len(self.chars)} characters this CharTokenizer "
+            "was trained on: replace it (a trained model knows no other), or train anew on a text that contains it"
         )
 
     def decode(self, ids) -> str:
@@ -165,9 +96,8 @@ class CharTokenizer:
     @classmethod
     def load(cls, path) -> CharTokenizer:
         "Read a file written by `save`."
-        _, contents = _read_tokenizer_file(path, "char")
-        chars = _field(path, contents, "chars", (list, str), "a list of characters")
-        return _from_file(path, lambda: cls(chars))
+        contents = _read_tokenizer_file(path, "char")
+        return _from_file(path, lambda: cls(contents["chars"]))
 
     def __repr__(self):
         return f"CharTokenizer(vocab_size={self.vocab_size})"
@@ -196,13 +126,11 @@ def merge_pair(ids, pair, new_id) -> list:
 
 
 def _check_vocab_size(vocab_size, n_special=0):
-    if not isinstance(vocab_size, int) or isinstance(vocab_size, bool):
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
         raise TypeError(f"vocab_size must be an int, got {vocab_size!r} ({type(vocab_size).__name__})")
-    if vocab_size < 256 + n_special:
+    if vocab_size < 256 + n_special:  # byte-level BPE starts from the 256 bytes, and the special tokens
         raise ValueError(
-            f"vocab_size={vocab_size} is too small: byte-level BPE starts from 256 byte ids"
-            + (f" and {n_special} special token(s)" if n_special else "")
-            + f", so vocab_size must be at least {256 + n_special}"
+            f"vocab_size={vocab_size} is too small: it must be at least {256 + n_special} (bytes and specials)"
         )
 
 
@@ -342,9 +270,11 @@ def bpe_merges(chunks, n_merges: int):
 # %% ../nbs/01_tokenizer.ipynb #c5c548f8
 GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
-# The same pattern spelled for ASCII-only text, where \p{L} is [A-Za-z], \p{N} is [0-9] and \s is [\t\n\v\f\r ]:
-# the standard library's `re` runs it faster than `regex` runs GPT2_PATTERN (the chapter times both; tests check
-# that they agree).
+# The same pattern as GPT-2's encoder.py spells it (tiktoken's "gpt2" and HF's ByteLevel too): read as GPT2_PATTERN
+_GPT2_ORIGINAL = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+# The same pattern for ASCII-only text, where \p{L} is [A-Za-z], \p{N} is [0-9] and \s is [\t\n\v\f\r ]: the standard
+# library's `re` runs it faster than `regex` runs GPT2_PATTERN (the chapter times both; tests check they agree).
 _GPT2_ASCII = re.compile(
     r"""'(?:[sdmt]|ll|ve|re)| ?[A-Za-z]+| ?[0-9]+| ?[^\t\n\v\f\r A-Za-z0-9]+"""
     r"""|[\t\n\v\f\r ]+(?![^\t\n\v\f\r ])|[\t\n\v\f\r ]+"""
@@ -352,35 +282,47 @@ _GPT2_ASCII = re.compile(
 
 # %% ../nbs/01_tokenizer.ipynb #c01e0013
 #| code-fold: true
+def _compile_pattern(pattern, max_size: int = 100_000):
+    "`pattern` compiled by `regex`; a TypeError for a non-string, a ValueError for a bad regex or one too big to build."
+    if not isinstance(pattern, str):
+        raise TypeError(f"pattern must be a regex string or None, got {type(pattern).__name__}")
+    # regex builds a counted repeat a{n}, {n,} or {n,m} as n copies of `a` (max_size copies take ~30 MB): an
+    # upper bound on what compiling builds is each character times every count
+    size = len(pattern) * math.prod(max(int(n), 1) for n in regex.findall(r"\{(\d{1,9})", pattern))
+    if size > max_size:
+        raise ValueError(
+            f"the pre-tokenization pattern {pattern!r:.80} has counted repeats that could make regex build "
+            f"{size:,} nodes (the limit is {max_size:,}); use smaller counts, or + and *"
+        )
+    try:
+        return regex.compile(pattern)
+    except regex.error as e:
+        raise ValueError(f"the pre-tokenization pattern {pattern!r} is not a valid regex ({e})") from None
+    except MemoryError:
+        raise ValueError(f"the pattern {pattern!r:.80} needs more memory to compile than there is") from None
+
+
 def pretokenize(text: str, pattern=GPT2_PATTERN) -> list[str]:
     "Split `text` into the chunks `pattern` matches. Example: \"it's 2 o'clock\" -> ['it', \"'s\", ' 2', ' o', ...]"
-    pat = pattern if isinstance(pattern, (regex.Pattern, re.Pattern)) else _compile_pattern(pattern)
+    pat = pattern if isinstance(pattern, regex.Pattern) else _compile_pattern(pattern)
     if pat.pattern == GPT2_PATTERN:  # matches every character (letter, digit, space or other): nothing to check
         return (_GPT2_ASCII if text.isascii() else pat).findall(text)
     seconds = 1.0 + len(text) / 100_000  # ~100 times what a sane pattern needs
-    try:  # any other pattern runs under a time limit, so that one that backtracks without end cannot hang encode
-        return _split_all(text, pat, {"timeout": seconds} if isinstance(pat, regex.Pattern) else {})
+    try:  # a pattern from a file may backtrack without end (ReDoS): regex gives up after `seconds`
+        matches = list(pat.finditer(text, timeout=seconds))
     except TimeoutError:
         raise ValueError(
             f"the pre-tokenization pattern {pat.pattern!r} ran over {seconds:.1f} s on {len(text):,} characters: "
             "it backtracks without end on this text (ReDoS); use GPT2_PATTERN or a simpler pattern"
         ) from None
-
-
-def _split_all(text: str, pat, limit: dict) -> list[str]:
-    "The chunks of `text` that `pat` matches (`limit`: regex's timeout), checked to cover every character."
-    chunks = pat.findall(text, **limit) if pat.groups == 0 else [m.group() for m in pat.finditer(text, **limit)]
-    if sum(map(len, chunks)) == len(text):
-        return chunks
-    i = 0  # a pattern that skips characters would lose text silently: name the first character it skips
-    for m in pat.finditer(text, **limit):
-        if m.start() != i:
-            break
-        i = m.end()
-    raise ValueError(
-        f"the pre-tokenization pattern does not match {text[i]!r} at position {i}, so that "
-        "text would be lost; use a pattern that matches every character (GPT2_PATTERN does)"
-    )
+    ends = [0] + [m.end() for m in matches]  # each match must start where the one before ended, the last end last
+    skipped = next((end for m, end in zip([*matches, None], ends) if (m.start() if m else len(text)) != end), None)
+    if skipped is not None:  # a pattern that skips characters would lose text silently
+        raise ValueError(
+            f"the pre-tokenization pattern does not match {text[skipped]!r} at position {skipped}, so that "
+            "text would be lost; use a pattern that matches every character (GPT2_PATTERN does)"
+        )
+    return [m.group() for m in matches]
 
 # %% ../nbs/01_tokenizer.ipynb #b0748b7c
 #| code-fold: true
@@ -405,40 +347,32 @@ def _merge_short(ids: list, merges: dict) -> list[int]:
     return ids
 
 
-def _add_position(where: dict, todo: list, new_id, i: int):
-    "Note that the pair at position `i` would merge into `new_id` (None: it is not a merge)."
-    if new_id is None:
-        return
-    if new_id in where:
-        where[new_id].append(i)
-    else:
-        where[new_id] = [i]
-        heapq.heappush(todo, new_id)
-
-
 def _merge_long(ids: list, merges: dict) -> list[int]:
     "Apply `merges` to many ids: a linked list, and for each merge id the positions of its pair, smallest id first."
-    symbols, next_pos, prev_pos = ids, list(range(1, len(ids) + 1)), list(range(-1, len(ids) - 1))
-    next_pos[-1] = -1
-    where, todo = {}, []  # merge id -> positions where its pair starts (entries may be stale); a heap of merge ids
-    for i, pair in enumerate(zip(ids, ids[1:])):
-        _add_position(where, todo, merges.get(pair), i)
-    while todo:
+    symbols, next_pos, prev_pos, _ = _linked_list([(ids, 1)])  # the trainer's list, without counts
+    where, todo = defaultdict(list), []  # merge id -> positions where its pair starts (some stale); a heap of ids
+
+    def note(i: int):  # if the pair that starts at position i is a merge, it waits in its merge id's bucket
+        new_id = merges.get((symbols[i], symbols[next_pos[i]]))
+        if new_id is not None:
+            if new_id not in where:
+                heapq.heappush(todo, new_id)
+            where[new_id].append(i)
+
+    for i in range(len(ids) - 1):
+        note(i)
+    while todo:  # a merge only makes pairs with later merge ids, so each bucket is complete when it is taken
         new_id = heapq.heappop(todo)
         for i in sorted(where.pop(new_id)):
             j = next_pos[i]
             if j < 0 or merges.get((symbols[i], symbols[j])) != new_id:
                 continue  # consumed since, or no longer this pair
-            after = next_pos[j]
-            symbols[i] = new_id
-            symbols[j] = -1
-            next_pos[i] = after
-            if after >= 0:
-                prev_pos[after] = i
-                _add_position(where, todo, merges.get((new_id, symbols[after])), i)
-            before = prev_pos[i]
-            if before >= 0:
-                _add_position(where, todo, merges.get((symbols[before], new_id)), before)
+            symbols[i], symbols[j], next_pos[i] = new_id, -1, next_pos[j]
+            if next_pos[i] >= 0:
+                prev_pos[next_pos[i]] = i
+                note(i)
+            if prev_pos[i] >= 0:
+                note(prev_pos[i])
     return [s for s in symbols if s >= 0]
 
 
@@ -450,54 +384,68 @@ def apply_merges(data: bytes, merges: dict) -> list[int]:
 # %% ../nbs/01_tokenizer.ipynb #e4a9d3b1
 def _merge_table(merges) -> tuple[dict, dict]:
     "Checked `{pair: new_id}` and `{id: bytes}` from merges given as `{pair: new_id}` or as pairs in merge order."
-    if isinstance(merges, dict):
-        pairs = list(merges.items())
-    else:  # a merge that is not a list or tuple stays as it is, for the check below to name
-        pairs = [(tuple(p) if isinstance(p, (list, tuple)) else p, 256 + i) for i, p in enumerate(merges)]
+    if isinstance(merges, dict) and list(merges.values()) != list(range(256, 256 + len(merges))):
+        raise ValueError(f"merges must create ids 256, 257, ... in order, got {list(merges.values())[:5]} ...")
     table, vocab = {}, {i: bytes([i]) for i in range(256)}
-    for i, (pair, new_id) in enumerate(pairs):
-        if new_id != 256 + i:
-            raise ValueError(f"merge number {i} {pair} must create id {256 + i}, not {new_id}")
-        if (
-            not isinstance(pair, tuple)
-            or len(pair) != 2
-            or any(not isinstance(t, int) or not 0 <= t < new_id for t in pair)
-        ):
-            raise ValueError(f"merge number {i} is {pair!r}: it must be a pair of existing ids (0..{new_id - 1})")
+    for new_id, pair in enumerate(merges, start=256):
+        pair = tuple(pair) if isinstance(pair, (list, tuple)) else (pair,)
+        if len(pair) != 2 or any(type(t) is not int or not 0 <= t < new_id for t in pair):
+            raise ValueError(f"merge {new_id - 256} is {pair!r}, not a pair of existing ids (0..{new_id - 1})")
         table[pair] = new_id
         vocab[new_id] = vocab[pair[0]] + vocab[pair[1]]
     return table, vocab
 
 
-def _special_ids(special_tokens, first_id: int, taken=None) -> dict:
-    "Checked `{text: id}`, ordered by id, from `first_id` on (or, given `taken` ids, any other id); a list is numbered."
+def _renumber(ids, n_tokens: int) -> list | None:
+    "Checked `ids` (`ids[k]`: the id of byte k, then of merge k - 256), or None for the book's own numbering."
+    if ids is None or list(ids) == list(range(n_tokens)):
+        return None
+    ids = list(ids)
+    if len(ids) != n_tokens or len(set(ids)) < n_tokens or any(type(i) is not int or i < 0 for i in ids):
+        raise ValueError(f"ids must be {n_tokens} distinct non-negative ints, one per byte and merge: {ids!r:.60}")
+    return ids
+
+
+def _special_ids(special_tokens, first_id: int, taken) -> dict:
+    "Checked `{text: id}`, ordered by id: a list is numbered from `first_id` on; no id may be in `taken` (the tokens')."
     if special_tokens is None:
         return {}
     if isinstance(special_tokens, (str, bytes)) or not hasattr(special_tokens, "__iter__"):
         raise TypeError(f"special_tokens must be a dict {{text: id}} or a list of strings, got {special_tokens!r:.60}")
-    if not isinstance(special_tokens, dict):
-        special_tokens = {s: first_id + i for i, s in enumerate(special_tokens)}
-    ordered = sorted(special_tokens.items(), key=lambda item: item[1])
-    for i, (s, t) in enumerate(ordered):
-        if not isinstance(s, str) or not s:
-            raise ValueError(f"special tokens must be non-empty strings, got {s!r}")
-        if taken is not None:
-            if isinstance(t, bool) or not isinstance(t, int) or t < 0 or t in taken:
-                raise ValueError(
-                    f"special token {s!r} has id {t!r}, which is not a free id (a token or special has it)"
-                )
-            taken = taken | {t}
-        elif t != first_id + i:
-            raise ValueError(f"special token {s!r} must have id {first_id + i} (right after the merges), not {t}")
-    return dict(ordered)
+    listed = special_tokens if isinstance(special_tokens, dict) else list(special_tokens)
+    specials = listed if isinstance(listed, dict) else {s: first_id + i for i, s in enumerate(listed)}
+    bad = next((s for s, t in specials.items() if not isinstance(s, str) or not s or type(t) is not int), None)
+    if bad is not None or len(specials) < len(listed):
+        raise ValueError(f"special tokens must be distinct non-empty strings with integer ids, got {listed!r:.80}")
+    ids = list(specials.values())
+    clash = next((s for s, t in specials.items() if t < 0 or t in taken or ids.count(t) > 1), None)
+    if clash is not None:
+        raise ValueError(f"special token {clash!r} has id {specials[clash]}, which a token or another special has")
+    return dict(sorted(specials.items(), key=lambda item: item[1]))
 
 
-_ONE_CHUNK = r"[\s\S]+"  # the tiktoken pattern of no pre-tokenization: all the text is one chunk
+def _allowed_specials(text: str, specials: dict, allowed_special, disallowed_special) -> set:
+    "The special tokens `encode` makes ids of; one in `text` but not allowed is an error (tiktoken's rule)."
+    _check_text(text, "encode")
+    allowed = set(specials) if allowed_special == "all" else set(allowed_special)
+    if allowed - set(specials):
+        raise ValueError(
+            f"allowed_special names {sorted(allowed - set(specials))}, not special tokens of this tokenizer"
+        )
+    disallowed = set(specials) - allowed if disallowed_special == "all" else set(disallowed_special)
+    found = regex.search(_alternation(disallowed), text) if disallowed else None
+    if found:
+        raise ValueError(
+            f"the text contains the special token {found.group()!r} at position {found.start()}; pass "
+            f"allowed_special={{{found.group()!r}}} to encode it as its special id, or "
+            "disallowed_special=() (or encode_ordinary) to encode it as plain text"
+        )
+    return allowed
 
 
-def _token_text(b: bytes) -> str:
-    "A token's bytes as text for people: UTF-8, with `\\xNN` for bytes that are not."
-    return b.decode("utf-8", errors="backslashreplace")
+def _alternation(strings) -> str:
+    "A regex matching any of `strings`, longest first (so that a special token never hides a longer one)."
+    return "|".join(regex.escape(s) for s in sorted(strings, key=len, reverse=True))
 
 
 def _surrogate_message(text: str) -> str:
@@ -508,41 +456,18 @@ def _surrogate_message(text: str) -> str:
     )
 
 
-def _alternation(strings) -> str:
-    "A regex matching any of `strings`, longest first (so that a special token never hides a longer one)."
-    return "|".join(regex.escape(s) for s in sorted(strings, key=len, reverse=True))
-
-
-def _byte_to_char() -> dict:
-    "GPT-2's printable stand-in for each byte: printable Latin-1 bytes are themselves, the rest chr(256 + n)."
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    others = [b for b in range(256) if b not in printable]
-    return {**{b: chr(b) for b in printable}, **{b: chr(256 + n) for n, b in enumerate(others)}}
-
-
 class _ChunkCache(dict):
     "Chunk -> its ids, each chunk encoded once, on first use; it starts with the tokens, as each encodes to itself."
 
-    def __init__(self, tokens: dict, merges: dict, ids: list | None = None):
-        super().__init__(tokens)
-        self.merges, self.ids = merges, ids
+    def __init__(self, merges: dict, tokens: dict, ids: list | None):
+        text = {k: b.decode("utf-8", "replace") for k, b in tokens.items()}  # tokens: {id: bytes}, book's numbering
+        super().__init__({t: [k if ids is None else ids[k]] for k, t in text.items() if t.encode() == tokens[k]})
+        self.merges, self.ids = merges, ids  # (a token that is part of a character is never a chunk of its own)
 
     def __missing__(self, chunk: str) -> list[int]:
         ids = apply_merges(chunk.encode("utf-8"), self.merges)
         ids = self[chunk] = ids if self.ids is None else [self.ids[i] for i in ids]
         return ids
-
-
-def _renumber(ids, n_tokens: int) -> list | None:
-    "Checked `ids` (`ids[k]`: the id of byte k, then of merge k - 256), or None for the book's own numbering."
-    if ids is None or list(ids) == list(range(n_tokens)):
-        return None
-    ids = list(ids)
-    if len(ids) != n_tokens:
-        raise ValueError(f"ids must give one id per byte and merge ({n_tokens}), got {len(ids)}")
-    if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in ids) or len(set(ids)) != len(ids):
-        raise ValueError("ids must be distinct non-negative integers, one per byte and merge")
-    return ids
 
 # %% ../nbs/01_tokenizer.ipynb #c96da400
 #| code-fold: true
@@ -556,18 +481,11 @@ class BPETokenizer:
         self.merges, self._bytes = _merge_table(merges)  # merges in the book's numbering: ranks, in merge order
         self.ids = _renumber(ids, len(self._bytes))
         self.vocab = self._bytes if self.ids is None else {self.ids[k]: b for k, b in self._bytes.items()}
-        taken = None if self.ids is None else set(self.ids)
-        self.special_tokens = _special_ids(special_tokens, first_id=len(self.vocab), taken=taken)
-        self._tokens = {}  # the text of each token that is whole UTF-8 -> [its id]
-        for i, b in self.vocab.items():
-            try:
-                self._tokens[b.decode("utf-8")] = [i]
-            except UnicodeDecodeError:
-                pass  # part of a character: never a chunk of its own
+        self.special_tokens = _special_ids(special_tokens, len(self.vocab), taken=self.vocab)
         self.vocab = {**self.vocab, **{t: s.encode("utf-8") for s, t in self.special_tokens.items()}}
-        self.pattern = pattern
-        self._pat = None if pattern is None else _compile_pattern(pattern)
-        self._cache = _ChunkCache(self._tokens, self.merges, self.ids)
+        self.pattern = GPT2_PATTERN if pattern == _GPT2_ORIGINAL else pattern
+        self._pat = None if pattern is None else _compile_pattern(self.pattern)
+        self._cache = _ChunkCache(self.merges, self._bytes, self.ids)
         self.merge_counts = None  # set by `train`: how many tokens each merge saved on the training text
 
     @classmethod
@@ -577,8 +495,6 @@ class BPETokenizer:
         if not text:
             raise ValueError("BPETokenizer.train got an empty text: there is nothing to learn merges from")
         specials = list(special_tokens or [])
-        if len(set(specials)) != len(specials):
-            raise ValueError(f"special_tokens must be distinct, got {specials}")
         _check_vocab_size(vocab_size, len(specials))
         n_merges = vocab_size - 256 - len(specials)
         chunks = Counter([text] if pattern is None else pretokenize(text, pattern))  # distinct chunk -> occurrences
@@ -609,37 +525,19 @@ class BPETokenizer:
                 ids = apply_merges(text.encode("utf-8"), self.merges)
                 return ids if self.ids is None else [self.ids[i] for i in ids]
             if len(self._cache) > self.cache_limit:
-                self._cache = _ChunkCache(self._tokens, self.merges, self.ids)
+                self._cache = _ChunkCache(self.merges, self._bytes, self.ids)
             return list(chain.from_iterable(map(self._cache.__getitem__, pretokenize(text, self._pat))))
         except UnicodeEncodeError:
             raise ValueError(_surrogate_message(text)) from None
 
     def encode(self, text: str, allowed_special=(), disallowed_special="all") -> list[int]:
         'Ids of `text` by tiktoken\'s rules: a special token in the text raises unless in `allowed_special` (or "all").'
-        _check_text(text, "encode")
-        specials = self.special_tokens
-        allowed = set(specials) if allowed_special == "all" else set(allowed_special)
-        if allowed - set(specials):
-            raise ValueError(
-                f"allowed_special names {sorted(allowed - set(specials))}, which are not special tokens of this "
-                f"tokenizer (it has {sorted(specials)})"
-            )
-        disallowed = set(specials) - allowed if disallowed_special == "all" else set(disallowed_special)
-        found = regex.search(_alternation(disallowed), text) if disallowed else None
-        if found:
-            raise ValueError(
-                f"the text contains the special token {found.group()!r} at position {found.start()}; pass "
-                f"allowed_special={{{found.group()!r}}} to encode it as its special id, or "
-                "disallowed_special=() (or encode_ordinary) to encode it as plain text"
-            )
-        if not allowed:
-            return self.encode_ordinary(text)
-        out, start = [], 0
-        for special in regex.finditer(_alternation(allowed), text):
-            out += self.encode_ordinary(text[start : special.start()])
-            out.append(specials[special.group()])
-            start = special.end()
-        return out + self.encode_ordinary(text[start:])
+        allowed = _allowed_specials(text, self.special_tokens, allowed_special, disallowed_special)
+        pieces = regex.split(f"({_alternation(allowed)})", text) if allowed else [text]
+        out = []
+        for k, piece in enumerate(pieces):  # text, special, text, ..., text
+            out += [self.special_tokens[piece]] if k % 2 else self.encode_ordinary(piece)
+        return out
 
     def decode_bytes(self, ids) -> bytes:
         "The bytes of `ids`, concatenated (may end in the middle of a UTF-8 character)."
@@ -650,16 +548,8 @@ class BPETokenizer:
             try:
                 return b"".join([vocab[i] for i in ids])
             except KeyError:
-                pass
-        # the slow path: NumPy or torch integers, or a bad id to name (a float, a bool, or one outside the vocabulary)
-        return b"".join(vocab[self._known(i)] for i in ids)
-
-    def _known(self, i) -> int:
-        "`i` if it is an id of this tokenizer, else an error naming it."
-        i = _token_id(i, self.vocab_size, "in this tokenizer's vocabulary")
-        if i not in self.vocab:
-            raise ValueError(f"id {i} is not in this tokenizer's vocabulary (a gap in its numbering)")
-        return i
+                pass  # to the slow path: it names the bad id (a float, a bool, one outside the vocabulary)
+        return b"".join(vocab[_token_id(i, self.vocab_size, "in this tokenizer's vocabulary", vocab)] for i in ids)
 
     def decode(self, ids, errors: str = "replace") -> str:
         "The text of `ids`; bytes that are not valid UTF-8 (a token cut inside a character) become '\ufffd'."
@@ -668,304 +558,93 @@ class BPETokenizer:
     def save(self, path):
         "Write JSON with one merge per line, `[a, b, text]`; atomically (never half a file)."
         head = {"type": "bpe", "version": 1, "pattern": self.pattern, "special_tokens": self.special_tokens}
-        if self.ids is not None:
-            head["ids"] = self.ids
+        head = json.dumps(head | ({"ids": self.ids} if self.ids else {}), ensure_ascii=False)[:-1]  # no closing }
+        merges = [[a, b, self._bytes[i].decode("utf-8", "backslashreplace")] for (a, b), i in self.merges.items()]
+        lines = ",\n  ".join(json.dumps(m, ensure_ascii=False) for m in merges)
         with atomic_write(path) as f:
-            f.write("{\n")
-            for key, value in head.items():
-                f.write(f" {json.dumps(key)}: {json.dumps(value, ensure_ascii=False)},\n")
-            merges = [
-                json.dumps([a, b, _token_text(self._bytes[i])], ensure_ascii=False) for (a, b), i in self.merges.items()
-            ]
-            f.write(' "merges": [\n' + ",\n".join("  " + m for m in merges) + "\n ]\n}\n")
+            f.write(f'{head}, "merges": [\n  {lines}\n]}}\n')
 
     @classmethod
     def load(cls, path) -> BPETokenizer:
         "Read a file written by `save`; the text of each merge must agree with its ids."
-        _, contents = _read_tokenizer_file(path, "bpe")
-        if contents.get("version", 1) != 1:
-            raise ValueError(f"{path} has format version {contents['version']!r}; this gptbook reads version 1")
-        merges = _field(path, contents, "merges", list, "a list of [a, b, text] merges")
-        pairs = [m[:2] if isinstance(m, list) else m for m in merges]  # _merge_table names a bad one
-        specials = contents.get("special_tokens") or {}
-        tok = _from_file(path, lambda: cls(pairs, contents.get("pattern"), specials, contents.get("ids")))
-        for i, m in enumerate(merges):
-            made = _token_text(tok._bytes[256 + i])
-            if len(m) > 2 and m[2] != made:
-                raise ValueError(
-                    f"{path}: merge {i} {m!r} says {m[2]!r}, but ids {m[0]} and {m[1]} make {made!r}; "
-                    "fix the ids or the text"
-                )
+        c = _read_tokenizer_file(path, "bpe")
+        tok = _from_file(
+            path, lambda: cls([m[:2] for m in c["merges"]], c.get("pattern"), c.get("special_tokens"), c.get("ids"))
+        )
+        for i, m in enumerate(c["merges"]):
+            made = tok._bytes[256 + i].decode("utf-8", "backslashreplace")  # the file's `text`, with \xNN escapes
+            if m[2:] and m[2] != made:
+                raise ValueError(f"{path}: merge {i} {m!r} says {m[2]!r}, but ids {m[0]} and {m[1]} make {made!r}")
         return tok
 
-    def _mergeable_ranks(self) -> dict:
-        "Token bytes -> id, special tokens left out: what tiktoken and HF need, so every token's bytes must differ."
-        ranks = {}
-        for k, b in self._bytes.items():
-            i = k if self.ids is None else self.ids[k]
-            if b in ranks:
-                raise ValueError(
-                    f"ids {ranks[b]} and {i} have the same bytes {b!r}; tiktoken and HF tokenizers need "
-                    "distinct bytes per token, so this tokenizer cannot be converted"
-                )
-            ranks[b] = i
-        return ranks
+    @classmethod
+    def from_tiktoken(cls, encoding) -> BPETokenizer:
+        "A BPETokenizer with the ids of the `tiktoken.Encoding` `encoding` (its merges rebuilt by gptbook.adapters)."
+        from gptbook.adapters import tiktoken_parts
+
+        return cls(*tiktoken_parts(encoding))
+
+    @classmethod
+    def from_hf(cls, path) -> BPETokenizer:
+        "A BPETokenizer with the ids of a Hugging Face byte-level BPE `tokenizer.json` or its folder (see adapters)."
+        from gptbook.adapters import hf_parts
+
+        file, parts = hf_parts(path)
+        return _from_file(file, lambda: cls(*parts))
 
     def to_tiktoken(self, name: str = "gptbook"):
-        "A `tiktoken.Encoding` that gives the same ids (tiktoken is imported here, only when asked for)."
-        import tiktoken
+        "A `tiktoken.Encoding` that gives the same ids (built by gptbook.adapters, which imports tiktoken only then)."
+        from gptbook.adapters import tiktoken_encoding
 
-        pattern = self.pattern if self.pattern is not None else _ONE_CHUNK
-        ranks, specials = self._mergeable_ranks(), dict(self.special_tokens)
-        return tiktoken.Encoding(name, pat_str=pattern, mergeable_ranks=ranks, special_tokens=specials)
+        return tiktoken_encoding(name, self.vocab, self.pattern, self.special_tokens)
 
     def to_hf(self):
-        "A Hugging Face `tokenizers.Tokenizer` that gives the same ids (`tokenizers` is imported only when asked for)."
-        from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+        "A Hugging Face `tokenizers.Tokenizer` that gives the same ids (built by gptbook.adapters, with `tokenizers`)."
+        from gptbook.adapters import hf_tokenizer
 
-        as_char = _byte_to_char()
-        vocab = {b.decode("latin-1").translate(as_char): i for b, i in self._mergeable_ranks().items()}
-        spell = {k: b.decode("latin-1").translate(as_char) for k, b in self._bytes.items()}
-        for s, i in self.special_tokens.items():
-            if s in vocab:
-                raise ValueError(f"special token {s!r} is spelled like token {vocab[s]} in byte-level form; rename it")
-            vocab[s] = i
-        hf = Tokenizer(models.BPE(vocab=vocab, merges=[(spell[a], spell[b]) for a, b in self.merges]))
-        split = [] if self.pattern is None else [pre_tokenizers.Split(Regex(self.pattern), behavior="isolated")]
-        byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-        hf.pre_tokenizer = pre_tokenizers.Sequence([*split, byte_level])
-        hf.decoder = decoders.ByteLevel()
-        hf.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in self.special_tokens])
-        return hf
+        merges = [(self._bytes[a], self._bytes[b]) for a, b in self.merges]
+        return hf_tokenizer(self.vocab, merges, self.pattern, self.special_tokens)
 
     def __repr__(self):
-        pattern = "GPT2_PATTERN" if self.pattern == GPT2_PATTERN else self.pattern
-        specials = list(self.special_tokens)
-        return f"BPETokenizer(vocab_size={self.vocab_size}, pattern={pattern!r}, special_tokens={specials})"
+        pattern = "GPT2_PATTERN" if self.pattern == GPT2_PATTERN else repr(self.pattern)
+        return (
+            f"BPETokenizer(vocab_size={self.vocab_size}, pattern={pattern}, special_tokens={list(self.special_tokens)})"
+        )
 
 # %% ../nbs/01_tokenizer.ipynb #dd87abbe
-def load_tokenizer(path) -> CharTokenizer | BPETokenizer:
-    'The tokenizer saved at `path`, of the class its "type" names ("char" or "bpe"; older files: by their keys).'
-    kind, _ = _read_tokenizer_file(path)
-    return CharTokenizer.load(path) if kind == "char" else BPETokenizer.load(path)
-
-# %% ../nbs/01_tokenizer.ipynb #f1a2b3c4
-def _split_token(ranks: dict, token: bytes) -> tuple[bytes, bytes]:
-    "The two tokens whose merge made `token`: replay tiktoken's merging on its bytes with only lower-ranked tokens."
-    rank, parts = ranks[token], [bytes([b]) for b in token]
-    while len(parts) > 2:
-        pair_ranks = [ranks.get(a + b, rank) for a, b in zip(parts, parts[1:])]
-        best = min(pair_ranks)
-        if best >= rank:
-            break  # no lower-ranked token joins two parts: this token was not made by a merge
-        i = pair_ranks.index(best)
-        parts[i : i + 2] = [parts[i] + parts[i + 1]]
-    if len(parts) != 2:
-        raise ValueError(f"token {token!r} (rank {rank}) is not the merge of two lower-ranked tokens")
-    return parts[0], parts[1]
+_KINDS = {"char": "CharTokenizer", "bpe": "BPETokenizer"}
+_DAMAGED = "the tokenizer file is damaged or not gptbook's; write it again with tokenizer.save(path)"
 
 
-def _from_ranks(ranks: dict) -> tuple[list, list]:
-    "Merges (pairs in the book's numbering) and `ids` (the source's id of each byte and merge) from {bytes: id}."
-    missing = [b for b in range(256) if bytes([b]) not in ranks]
-    if missing:
-        raise ValueError(
-            f"the vocabulary lacks {len(missing)} of the 256 bytes (e.g. {missing[0]:#04x}): not byte-level"
-        )
-    canon = {bytes([b]): b for b in range(256)}  # token bytes -> id in the book's numbering
-    ids, pairs = [ranks[bytes([b])] for b in range(256)], []
-    for token in sorted((t for t in ranks if len(t) > 1), key=ranks.__getitem__):
-        a, b = _split_token(ranks, token)
-        pairs.append((canon[a], canon[b]))
-        canon[token] = 255 + len(pairs)
-        ids.append(ranks[token])
-    return pairs, ids
-
-
-def _from_tiktoken(cls, encoding) -> BPETokenizer:
-    "A BPETokenizer with the same ids as the `tiktoken.Encoding` `encoding`: its ranks, pattern and special tokens."
-    ranks = getattr(encoding, "_mergeable_ranks", None)
-    if not isinstance(ranks, dict):
-        raise TypeError(f"from_tiktoken expects a tiktoken.Encoding, got {type(encoding).__name__}")
-    pairs, ids = _from_ranks(ranks)
-    pattern = None if encoding._pat_str == _ONE_CHUNK else encoding._pat_str
-    return cls(pairs, pattern, dict(encoding._special_tokens), ids)
-
-
-BPETokenizer.from_tiktoken = classmethod(_from_tiktoken)
-
-# %% ../nbs/01_tokenizer.ipynb #f1a2b3c5
-_HF_BYTE_LEVEL_REGEX = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-
-
-def _hf_json(path) -> tuple[Path, dict]:
-    "The path and contents of `path`, a tokenizer.json or a folder that holds one."
-    path = Path(path)
-    file = path / "tokenizer.json" if path.is_dir() else path
-    if not file.is_file():
-        raise FileNotFoundError(f"{file} does not exist: from_hf wants a tokenizer.json or a folder with one")
+def _read_tokenizer_file(path, kind: str | None = None) -> dict:
+    'The JSON of gptbook\'s tokenizer file `path`, whose "type" must be `kind` ("char" or "bpe") if given.'
     try:
-        return file, json.loads(file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{file} is not a JSON tokenizer file ({e})") from None
+        contents = json.loads(Path(path).read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON ({e}): {_DAMAGED}") from None
+    except UnicodeDecodeError as e:
+        bad = f"byte {e.object[e.start]:#04x} at position {e.start}"
+        raise ValueError(f"{path} is not UTF-8 text ({bad}): {_DAMAGED}") from None
+    found = contents.get("type") if isinstance(contents, dict) else None
+    if found not in ("char", "bpe") or kind not in (None, found):
+        fix = f" (use {_KINDS[found]}.load for it, or load_tokenizer for either)" if found in ("char", "bpe") else ""
+        what, expected = (_KINDS[kind], f'"{kind}"') if kind else ("gptbook tokenizer", '"char" or "bpe"')
+        raise ValueError(f'{path} is not a {what} file: its "type" is {found!r}, expected {expected}{fix}')
+    if contents.get("version", 1) != 1:
+        raise ValueError(f"{path} has format version {contents['version']!r}; this gptbook reads version 1")
+    return contents
 
 
-def _hf_steps(step) -> list:
-    "A pre-tokenizer (or decoder) as a list of its steps (a Sequence's parts)."
-    if not step:
-        return []
-    return step.get("pretokenizers", []) if step.get("type") == "Sequence" else [step]
+def _from_file(path, build):
+    "`build()`, with any error about the file's contents (a field missing, or of the wrong kind) as one line naming it."
+    try:
+        return build()
+    except KeyError as e:
+        raise ValueError(f"{path} has no {e} field: {_DAMAGED}") from None
+    except (TypeError, ValueError, AttributeError) as e:
+        raise ValueError(f"{path}: {e}") from None
 
 
-def _hf_pattern(file, contents: dict) -> str | None:
-    "The pre-tokenization regex of a byte-level BPE tokenizer.json; a ValueError if it is not GPT-2-style."
-    model = contents.get("model") or {}
-    kind = model.get("type")
-    steps = _hf_steps(contents.get("pre_tokenizer"))
-    byte_level = [s for s in steps if s.get("type") == "ByteLevel"]
-    if kind != "BPE" or not byte_level:
-        what = f"a {kind} tokenizer" if kind != "BPE" else "a BPE tokenizer that is not byte-level"
-        raise ValueError(f"{file} is {what}: from_hf reads only GPT-2-style byte-level BPE (a ByteLevel pre-tokenizer)")
-    if contents.get("normalizer") or byte_level[0].get("add_prefix_space") or model.get("continuing_subword_prefix"):
-        raise ValueError(f"{file} has a normalizer, a prefix space or a subword prefix, which from_hf does not support")
-    splits = [s for s in steps if s.get("type") == "Split"]
-    if byte_level[0].get("use_regex", True) and not splits:
-        return GPT2_PATTERN  # ByteLevel's own regex is GPT-2's
-    if not splits and len(steps) == 1:
-        return None  # no pre-tokenization: the text is one chunk
-    isolated = len(splits) == 1 and splits[0].get("behavior") == "Isolated" and not splits[0].get("invert")
-    if isolated and len(steps) == 2 and not byte_level[0].get("use_regex", True):
-        pattern = splits[0]["pattern"].get("Regex")
-        return GPT2_PATTERN if pattern == _HF_BYTE_LEVEL_REGEX else pattern
-    raise ValueError(f"{file} splits text in a way from_hf does not support ({[s.get('type') for s in steps]})")
-
-
-def _from_hf(cls, path) -> BPETokenizer:
-    "A BPETokenizer with the same ids as the Hugging Face byte-level BPE `tokenizer.json` at `path` (or its folder)."
-    file, contents = _hf_json(path)
-    pattern = _hf_pattern(file, contents)
-    as_byte = {c: b for b, c in _byte_to_char().items()}
-    model = contents["model"]
-    specials = {t["content"]: t["id"] for t in contents.get("added_tokens", [])}
-    vocab = {s: i for s, i in model["vocab"].items() if s not in specials}
-    alien = next((s for s in vocab if not set(s) <= as_byte.keys()), None)
-    if alien is not None:
-        raise ValueError(f"{file}: token {alien!r} is not spelled in GPT-2's byte alphabet, so it is not byte-level")
-    merges = [m.split(" ") if isinstance(m, str) else m for m in model["merges"]]
-    made = {"".join(m) for m in merges} | {c for c in as_byte}
-    orphans = [s for s in vocab if s not in made]
-    if orphans:
-        raise ValueError(f"{file}: {len(orphans)} token(s), e.g. {orphans[0]!r}, are not made by any merge")
-    pairs, ids = _from_hf_merges(file, merges, vocab, as_byte)
-    return _from_file(file, lambda: cls(pairs, pattern, specials, ids))
-
-
-def _from_hf_merges(file, merges: list, vocab: dict, as_byte: dict) -> tuple[list, list]:
-    "Merges in the book's numbering and the tokenizer.json's id of each byte and merge."
-    canon = dict(as_byte)  # token text -> id in the book's numbering
-    missing = [c for c in as_byte if c not in vocab]
-    if missing:
-        raise ValueError(f"{file}: the vocabulary lacks {len(missing)} of the 256 byte tokens (e.g. {missing[0]!r})")
-    ids = [vocab[c] for c in sorted(as_byte, key=as_byte.get)]
-    pairs = []
-    for a, b in merges:
-        if a not in canon or b not in canon or a + b not in vocab:
-            raise ValueError(f"{file}: merge {a!r} {b!r} uses a token made by no earlier merge")
-        pairs.append((canon[a], canon[b]))
-        canon[a + b] = 255 + len(pairs)
-        ids.append(vocab[a + b])
-    return pairs, ids
-
-
-BPETokenizer.from_hf = classmethod(_from_hf)
-
-# %% ../nbs/01_tokenizer.ipynb #f1a2b3c6
-class TokenizerAdapter:
-    """A `tiktoken.Encoding` or a Hugging Face tokenizer behind the four things gptbook asks of a tokenizer:
-    `encode(text)` (plain text: no special tokens added), `decode(ids)`, `vocab_size`, and `token_bytes(id)`,
-    the bytes of one token (None where the tokenizer is not byte-level: then text streams by prefix diffs)."""
-
-    def __init__(self, inner, kind: str, encode, decode, vocab_size: int, token_bytes=None):
-        self.inner, self.kind, self.vocab_size = inner, kind, vocab_size
-        self._encode, self._decode, self._token_bytes = encode, decode, token_bytes
-
-    def encode(self, text: str) -> list[int]:
-        _check_text(text, "encode")
-        return list(self._encode(text))
-
-    def decode(self, ids) -> str:
-        return self._decode(_plain_ids(ids)[0])
-
-    def token_bytes(self, token_id: int) -> bytes | None:
-        "The bytes of token `token_id`, or None if this tokenizer does not spell tokens in bytes."
-        return None if self._token_bytes is None else self._token_bytes(_token_id(token_id, self.vocab_size, "an id"))
-
-    def save(self, path):
-        "Refused: gptbook's tokenizer files hold its own tokenizers; a byte-level BPE converts into one first."
-        raise TypeError(
-            f"a {self.kind} tokenizer cannot be saved as a gptbook tokenizer file; convert a byte-level BPE first "
-            "with BPETokenizer.from_tiktoken(encoding) or BPETokenizer.from_hf(folder)"
-        )
-
-    def __repr__(self):
-        return f"TokenizerAdapter({self.kind}, vocab_size={self.vocab_size})"
-
-
-def _hf_byte_speller(hf, added: dict):
-    "For a byte-level HF `tokenizers.Tokenizer`: id -> the token's bytes, through GPT-2's byte alphabet; else None."
-    decoder = json.loads(hf.to_str()).get("decoder") or {}
-    if "ByteLevel" not in {d.get("type") for d in [decoder, *decoder.get("decoders", [])]}:
-        return None
-    as_byte = {c: b for b, c in _byte_to_char().items()}
-
-    def spell(i: int) -> bytes:
-        token = hf.id_to_token(i)
-        return added[i].encode("utf-8") if i in added or token is None else bytes(as_byte[c] for c in token)
-
-    return spell
-
-
-def _adapt_hf(hf, inner, kind: str) -> TokenizerAdapter:
-    "A `tokenizers.Tokenizer` `hf` (the backend of `inner`, a transformers tokenizer or itself) behind the adapter."
-    added = {i: t.content for i, t in hf.get_added_tokens_decoder().items()}
-
-    def encode(text):
-        return hf.encode(text, add_special_tokens=False).ids
-
-    def decode(ids):
-        return hf.decode(ids, skip_special_tokens=False)
-
-    return TokenizerAdapter(inner, kind, encode, decode, hf.get_vocab_size(True), _hf_byte_speller(hf, added))
-
-
-def _adapt_transformers(tok) -> TokenizerAdapter:
-    "A transformers PreTrainedTokenizer(Fast): its Rust backend where it has one, else its own encode and decode."
-    if getattr(tok, "backend_tokenizer", None) is not None:
-        return _adapt_hf(tok.backend_tokenizer, tok, type(tok).__name__)
-
-    def encode(text):
-        return tok.encode(text, add_special_tokens=False)
-
-    def decode(ids):
-        return tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-
-    return TokenizerAdapter(tok, type(tok).__name__, encode, decode, len(tok))
-
-
-def as_tokenizer(tokenizer):
-    "`tokenizer` as gptbook uses it: ours as they are; a tiktoken.Encoding or an HF tokenizer in a TokenizerAdapter."
-    if isinstance(tokenizer, (CharTokenizer, BPETokenizer, TokenizerAdapter)):
-        return tokenizer
-    if hasattr(tokenizer, "decode_single_token_bytes") and hasattr(tokenizer, "encode_ordinary"):  # tiktoken
-        enc = tokenizer
-        return TokenizerAdapter(
-            enc, "tiktoken", enc.encode_ordinary, enc.decode, enc.n_vocab, enc.decode_single_token_bytes
-        )
-    if type(tokenizer).__module__.startswith("tokenizers") and hasattr(tokenizer, "get_vocab_size"):
-        return _adapt_hf(tokenizer, tokenizer, "tokenizers.Tokenizer")
-    if hasattr(tokenizer, "convert_ids_to_tokens") and hasattr(tokenizer, "decode"):  # transformers
-        return _adapt_transformers(tokenizer)
-    raise TypeError(
-        f"{type(tokenizer).__name__} is not a tokenizer gptbook knows: give a CharTokenizer, a BPETokenizer, "
-        "a tiktoken.Encoding, a tokenizers.Tokenizer or a transformers tokenizer"
-    )
+def load_tokenizer(path) -> CharTokenizer | BPETokenizer:
+    'The tokenizer saved at `path`, of the class its "type" names ("char" or "bpe").'
+    return (CharTokenizer if _read_tokenizer_file(path)["type"] == "char" else BPETokenizer).load(path)

@@ -5,15 +5,13 @@
 # %% ../nbs/08_training.ipynb #d3a83ea1
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import os
 import random
 import sys
 import time
-from contextlib import contextmanager, nullcontext, redirect_stdout
-from dataclasses import dataclass, field, fields
+from contextlib import nullcontext
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Literal, NamedTuple
 
@@ -26,26 +24,18 @@ from tqdm.auto import tqdm
 from tqdm.autonotebook import tqdm as picked_tqdm  # what tqdm.auto chose: the notebook bar or the console one
 from tqdm.std import tqdm as console_tqdm
 
-try:
-    import fcntl  # POSIX: baby_run waits for another process training the same run
-except ImportError:
-    fcntl = None
-
 import gptbook
-
-from .checkpoint import CKPT_FILES, checkpoint_dirs, checkpoint_state, is_checkpoint_dir
-from .checkpoint import list_checkpoints, load_optimizer_state, load_weights, restore_rng, run_lock
-from .checkpoint import save_checkpoint
-from .files import atomic_dir, atomic_write, sha256_of
-from .data import TokenData, get_batch, load_token_data, tiny_shakespeare_path
-from .model import GPT, GPTConfig, autocast, lm_loss, pick_device, pick_dtype
+from .checkpoint import checkpoint_tokenizer, load_training_state, load_weights, read_state, save_checkpoint
+from .config import GPTConfig
+from .data import TokenData, get_batch
+from .model import GPT, autocast, lm_loss, pick_device, pick_dtype
 from .options import OptionError, Options, option
-from .tokenizer import load_tokenizer
+from .runs import FIXED_BY_WEIGHTS, FIXED_ON_RESUME, append_metrics, check_fits, commit_run, header, interrupted
+from .runs import last_good, pretrained, run_data, run_lock, save_run_config, start_run, summary, trim_metrics
 
 # %% auto #0
-__all__ = ['FIXED_BY_WEIGHTS', 'lr_at', 'param_groups', 'make_optimizer', 'TrainConfig', 'save_run_config', 'load_run_config',
-           'checkpoint_tokenizer', 'Checkpoint', 'load_checkpoint', 'read_metrics', 'TrainingDiverged', 'Ranks',
-           'Trainer', 'plot_metrics', 'init_distributed', 'train', 'baby_config', 'baby_key', 'baby_run']
+__all__ = ['lr_at', 'param_groups', 'make_optimizer', 'TrainConfig', 'TrainingDiverged', 'Ranks', 'Trainer', 'init_distributed',
+           'train']
 
 # %% ../nbs/08_training.ipynb #d3808619
 def lr_at(it: int, max_lr: float, warmup_iters: int, max_iters: int, min_lr: float) -> float:
@@ -78,249 +68,56 @@ def make_optimizer(
     return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=tuple(betas), fused=fused)
 
 # %% ../nbs/08_training.ipynb #9f0fda47
-#| code-fold: true
-FIXED_BY_WEIGHTS = ("tokenizer", "bpe_vocab_size", "preset")  # what init_from's weights decide, with the model
-
-
 @dataclass
 class TrainConfig(Options):
     "Everything about a training run except the model's shape (that is `GPTConfig`). Defaults: the CPU baby run."
 
-    out_dir: str = option(
-        "out", "run folder: config.json, metrics.jsonl and checkpoints ckpt_NNNNNNN/", flag="--out", metavar="DIR"
-    )
+    out_dir: str = option("out", "run folder: config, metrics, checkpoints ckpt_N/", flag="--out", metavar="DIR")
     preset: Literal["baby", "gpt2-small", "llama-style"] = option("baby", "model preset, changed by model_overrides")
-    model_overrides: dict = option(
-        help='GPTConfig fields to change from the preset, e.g. {"n_layers": 2}', cli=False, default_factory=dict
-    )
+    model_overrides: dict = option(help="GPTConfig fields that differ from the preset", cli=False, default_factory=dict)
     tokenizer: Literal["char", "bpe"] = option("char", "characters (65 ids on Tiny Shakespeare) or byte-pair encoding")
-    bpe_vocab_size: int = option(
-        512, "ids of the BPE tokenizer (tokenizer='bpe')", min=256, max=2**16, why="the 256 bytes, then uint16 ids"
-    )
-    data_path: str | None = option(
-        None, "a UTF-8 text file to train on (default: Tiny Shakespeare)", flag="--data", metavar="PATH"
-    )
-    val_fraction: float = option(
-        0.1, "the last part of the text, held out for validation", min=0, max=1, min_open=True, max_open=True
-    )
+    bpe_vocab_size: int = option(512, "ids of the BPE tokenizer", min=256, max=2**16, why="the bytes, then uint16 ids")
+    data_path: str | None = option(None, "a UTF-8 text file (default: Tiny Shakespeare)", flag="--data", metavar="PATH")
+    val_fraction: float = option(0.1, "the last part of the text, held out", min=0, max=1, min_open=True, max_open=True)
     batch_size: int = option(12, "sequences per micro-step, per process", min=1)
     context_len: int | None = option(None, "tokens per training window (default: the model's max_seq_len)", min=1)
-    grad_accum: int = option(1, "micro-steps per optimizer step (global batch: batch_size x this x processes)", min=1)
+    grad_accum: int = option(1, "micro-steps per optimizer step (batch: batch_size x this x processes)", min=1)
     max_iters: int = option(2000, "optimizer steps", min=1, why="a run that takes no step saves nothing")
     lr: float = option(1e-3, "peak learning rate (1e-3: nanoGPT's character model)", min=0, min_open=True)
     min_lr_ratio: float = option(0.1, "the cosine ends at this fraction of the peak", min=0, max=1)
     warmup_iters: int = option(100, "linear warmup steps (about 2,000 at GPT-2 scale)", min=0)
     weight_decay: float = option(0.1, "AdamW's decay of the weight matrices (see param_groups)", min=0)
     beta1: float = option(0.9, "AdamW's decay rate of the gradient average", min=0, max=1, max_open=True)
-    beta2: float = option(
-        0.99, "AdamW's decay rate of the squared-gradient average (0.95 at GPT scale)", min=0, max=1, max_open=True
-    )
+    beta2: float = option(0.99, "AdamW's decay rate of the squared-gradient average", min=0, max=1, max_open=True)
     grad_clip: float = option(1.0, "largest global gradient norm", min=0, why="0 turns clipping off")
     eval_interval: int = option(250, "steps between evaluations, metrics records and checkpoints", min=1)
     eval_iters: int = option(20, "batches per split in each evaluation", min=1)
-    seed: int = option(
-        1337,
-        "seed of the initial weights, the batch order and dropout",
-        min=0,
-        max=2**32 - 1,
-        why="it also seeds NumPy, whose seeds are 32-bit",
-    )
+    seed: int = option(1337, "seed of the weights, batches and dropout", min=0, max=2**32 - 1, why="NumPy's are 32-bit")
     device: str = option("auto", "auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps")
     dtype: Literal["auto", "float32", "bfloat16"] = option("auto", "auto: bfloat16 on a GPU that has it, else float32")
     compile: bool = option(False, "torch.compile the model (needs a C++ compiler; pays off on GPUs)")
     keep_last: int = option(1, "checkpoints kept in out_dir (the newest ones)", min=1)
-    diverge_factor: float = option(
-        3.0,
-        "stop, saving nothing, when the val loss exceeds this multiple of the best so far (or is not finite)",
-        min=1,
-        min_open=True,
-    )
-    progress: bool = option(
-        True, "show a progress bar (rank 0; without a terminal: a line every 10% of the run instead)"
-    )
-    init_from: str | None = option(
-        None,
-        "start from pretrained weights: a gptbook run or checkpoint folder, or a Hugging Face model folder "
-        "(its model and tokenizer; a fresh run only)",
-        metavar="DIR",
-    )
+    diverge_factor: float = option(3.0, "stop when the val loss exceeds this times the best", min=1, min_open=True)
+    progress: bool = option(True, "a progress bar (rank 0; without a terminal: a line every 10% of the run)")
+    init_from: str | None = option(None, "start from the weights of a run or Hugging Face folder", metavar="DIR")
 
     def check(self) -> None:
         "`model_overrides` may name only `GPTConfig` fields; `init_from`'s weights fix the preset and the tokenizer."
-        if self.init_from is not None:
-            for name in FIXED_BY_WEIGHTS:
-                if getattr(self, name) != TrainConfig.__dataclass_fields__[name].default:
-                    raise OptionError(
-                        name,
-                        f"init_from={self.init_from!r} fixes the model and its tokenizer "
-                        f"(the weights were trained with them): leave {name} at its default",
-                    )
-        known = [f.name for f in fields(GPTConfig)]
-        if unknown := sorted(set(self.model_overrides) - set(known)):
+        if self.init_from and (fixed := [f for f in FIXED_BY_WEIGHTS if getattr(self, f) != getattr(TrainConfig, f)]):
             raise OptionError(
-                "model_overrides",
-                f"model_overrides has unknown GPTConfig field(s) {', '.join(unknown)}; "
-                f"the fields are {', '.join(known)}",
+                fixed[0],
+                f"init_from={self.init_from!r} fixes the model and its tokenizer: leave {fixed[0]} at its default",
             )
-
-    @property
-    def min_lr(self) -> float:
-        return self.lr * self.min_lr_ratio
+        if unknown := sorted(set(self.model_overrides) - {f.name for f in fields(GPTConfig)}):
+            raise OptionError("model_overrides", f"model_overrides has unknown GPTConfig field(s) {', '.join(unknown)}")
 
     def lr_at(self, step: int) -> float:
         "This run's learning rate at step `step` (counted from 0)."
-        return lr_at(step, self.lr, self.warmup_iters, self.max_iters, self.min_lr)
-
-# %% ../nbs/08_training.ipynb #d0c976be
-def save_run_config(out_dir, cfg: TrainConfig, model_config: GPTConfig | None = None) -> Path:
-    "Write `out_dir/config.json`: the run's `TrainConfig` and `GPTConfig` as dicts (what `load_run_config` reads)."
-    path = Path(out_dir) / "config.json"
-    configs = {"train_config": cfg.to_dict(), "model_config": None if model_config is None else model_config.to_dict()}
-    with atomic_write(path) as f:
-        json.dump(configs, f, indent=1)
-    return path
-
-
-def load_run_config(path) -> tuple[TrainConfig, GPTConfig | None]:
-    "The configs of a run folder (its config.json, else its latest checkpoint), a checkpoint folder or a config file."
-    path = Path(path)
-    source = path / "config.json" if (path / "config.json").is_file() else path
-    if source.is_dir():
-        configs = checkpoint_state(source)
-    else:
-        try:
-            configs = json.loads(source.read_text(encoding="utf-8"))
-        except FileNotFoundError as e:
-            msg = f"no run config at {source}: give a run folder, a checkpoint folder or a config.json"
-            raise FileNotFoundError(msg) from e
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{source} is not valid JSON ({e})") from e
-    if not isinstance(configs, dict) or not isinstance(configs.get("train_config"), dict):
-        raise ValueError(
-            f'{source} has no "train_config": a run config is {{"train_config": {{...}}, "model_config": ...}}'
-        )
-    model_config = configs.get("model_config")
-    return TrainConfig.from_dict(configs["train_config"]), None if model_config is None else GPTConfig.from_dict(
-        model_config
-    )
-
-# %% ../nbs/08_training.ipynb #eb8af09a
-#| code-fold: true
-def checkpoint_tokenizer(folder, state: dict, model_vocab_size: int | None = None):
-    """The tokenizer saved in the checkpoint `folder` whose `state.json` is `state` (None if it has none).
-
-    The file is checked against its recorded SHA-256, and its vocabulary against the one the run trained with
-    (or, for older checkpoints, against the model's `model_vocab_size`): a mismatch is a one-line error."""
-    if state.get("tokenizer") is None:
-        return None
-    path = Path(folder) / "tokenizer.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {folder} is incomplete: tokenizer.json is missing")
-    recorded = (state.get("sha256") or {}).get("tokenizer.json")
-    if recorded is not None and sha256_of(path) != recorded:
-        raise ValueError(
-            f"{path} is damaged: its SHA-256 differs from the one recorded in state.json when it was saved"
-        )
-    try:
-        tokenizer = load_tokenizer(path)  # the file names its own type
-    except (KeyError, TypeError, ValueError, AttributeError) as e:  # JSON and UTF-8 errors are ValueErrors
-        raise ValueError(
-            f"{path} is not a tokenizer gptbook can read ({type(e).__name__}: {e}): the file is damaged"
-        ) from e
-    expected = state.get("tokenizer_vocab_size")
-    if (expected is not None and tokenizer.vocab_size != expected) or (
-        expected is None and model_vocab_size is not None and tokenizer.vocab_size > model_vocab_size
-    ):
-        raise ValueError(
-            f"{path} has {tokenizer.vocab_size} ids, but the model of this checkpoint was trained with "
-            f"{expected or model_vocab_size}: the tokenizer belongs to another run"
-        )
-    return tokenizer
-
-
-@dataclass
-class Checkpoint:
-    "A loaded checkpoint: the model (eval mode), its tokenizer and configs, the step and the folder."
-
-    model: nn.Module
-    tokenizer: object
-    model_config: GPTConfig
-    train_config: TrainConfig | None
-    iter: int
-    path: Path
-
-
-def load_checkpoint(path, device=None) -> Checkpoint:
-    """Load the GPT of a checkpoint folder (or of the latest checkpoint in a run folder) for inference, on `device`.
-
-    Inference needs the weights, `state.json` and the tokenizer only, not the optimizer or the random states."""
-    state = checkpoint_state(path)
-    folder = state["path"]
-    model = GPT.from_checkpoint(folder, device)
-    train_config = state.get("train_config")
-    train_config = None if train_config is None else TrainConfig.from_dict(train_config)
-    tokenizer = checkpoint_tokenizer(folder, state, model.config.vocab_size)
-    return Checkpoint(model, tokenizer, model.config, train_config, state["iter"], folder)
-
-# %% ../nbs/08_training.ipynb #0df709ca
-#| code-fold: true
-def _parse_metrics(path: Path) -> tuple[list[dict], bool]:
-    """The records of the metrics file `path`, and whether its last line was torn (not JSON, or not UTF-8).
-
-    A torn last line is what a crash in the middle of an append leaves; any other bad line is a ValueError
-    naming the file and the line."""
-    lines = path.read_bytes().split(b"\n")
-    while lines and not lines[-1].strip():
-        lines.pop()
-    records = []
-    for n, raw in enumerate(lines, 1):
-        if not raw.strip():
-            continue
-        try:
-            record = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            if n == len(lines):
-                return records, True
-            raise ValueError(f"{path} line {n} is not a metrics record ({e}): remove that line and resume") from e
-        if not isinstance(record, dict) or not isinstance(record.get("iter"), int):
-            raise ValueError(
-                f'{path} line {n} is not a metrics record (no integer "iter": {raw[:60]!r}): '
-                "remove that line and resume"
-            )
-        records.append(record)
-    return records, False
-
-
-def read_metrics(path) -> list[dict]:
-    "The records of a `metrics.jsonl` file (or of a run folder's); [] if there is none. A torn last line is skipped."
-    path = Path(path)
-    if path.is_dir():
-        path = path / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    return _parse_metrics(path)[0]
-
-
-def _rewrite_metrics(path: Path, records: list[dict]) -> None:
-    "Replace the metrics file `path` by `records`, atomically (if its folder exists)."
-    if not path.parent.is_dir():
-        return
-    with atomic_write(path) as f:
-        f.writelines(json.dumps(r) + "\n" for r in records)
+        return lr_at(step, self.lr, self.warmup_iters, self.max_iters, self.lr * self.min_lr_ratio)
 
 # %% ../nbs/08_training.ipynb #441da4a3
-#| code-fold: true
 class TrainingDiverged(FloatingPointError):
     "The loss became NaN or infinite, or the validation loss exploded."
-
-
-def _finite_val_loss(folder: Path) -> bool:
-    "Whether the checkpoint `folder` recorded a finite val loss (or none: checkpoints of older versions)."
-    try:
-        val = json.loads((folder / "state.json").read_text(encoding="utf-8")).get("val_loss")
-    except (OSError, ValueError, AttributeError):
-        return False
-    return val is None or (isinstance(val, float | int) and math.isfinite(val))
 
 
 class Ranks(NamedTuple):
@@ -331,54 +128,43 @@ class Ranks(NamedTuple):
     world_size: int = 1  # processes in all
 
 
-@dataclass
-class _Interval:
-    "The training steps since the last evaluation: how many, how long they took, their pre-clip gradient norms."
-
-    steps: int = 0
-    seconds: float = 0.0
-    grad_norms: list = field(default_factory=list)
-
-    def add(self, seconds: float, grad_norm: float) -> None:
-        self.steps += 1
-        self.seconds += seconds
-        self.grad_norms.append(grad_norm)
+def _device_and_dtype(cfg: TrainConfig, local_rank: int) -> tuple[torch.device, torch.dtype]:
+    "The device of a process (its own GPU under torchrun) and the number format of its forward passes."
+    device = pick_device(cfg.device)
+    if device.type == "cuda":
+        device = torch.device("cuda", local_rank)  # one GPU per process
+        torch.set_float32_matmul_precision("high")  # TF32 for the float32 matmuls
+    return device, pick_dtype(cfg.dtype, device)
 
 
+def _mean(x: torch.Tensor, world_size: int) -> float:
+    "The mean of `x` over the processes (every process gets the same number)."
+    if world_size > 1:
+        dist.all_reduce(x, op=dist.ReduceOp.SUM)
+        x = x / world_size
+    return x.item()
+
+# %% ../nbs/08_training.ipynb #04303e4d
 class Trainer:
     "A training run: model, AdamW, data and batch order, schedule, accumulation, clipping, bfloat16, DDP, checkpoints."
 
-    def __init__(
-        self, model: nn.Module, data: TokenData, cfg: TrainConfig, model_config=None, ranks: Ranks | None = None
-    ):
-        ranks = ranks or Ranks()
-        self.cfg, self.data, self.model_config = cfg, data, model_config
-        self.rank, self.world_size, self.is_main = ranks.rank, ranks.world_size, ranks.rank == 0
-        self.device = pick_device(cfg.device)
-        if self.device.type == "cuda" and ranks.world_size > 1:
-            self.device = torch.device("cuda", ranks.local_rank)  # one GPU per process
-        if self.device.type == "cuda":
-            torch.set_float32_matmul_precision("high")  # TF32 for the float32 matmuls
-        self.dtype = pick_dtype(cfg.dtype, self.device)
+    def __init__(self, model: nn.Module, data: TokenData, cfg: TrainConfig, ranks: Ranks | None = None):
+        self.cfg, self.data, (self.rank, _, self.world_size) = cfg, data, ranks or Ranks()
+        self.is_main = self.rank == 0  # rank 0 alone prints, writes metrics and saves checkpoints
+        self.device, self.dtype = _device_and_dtype(cfg, (ranks or Ranks()).local_rank)
         self.model = model.to(self.device)  # plain: its state_dict is what checkpoints hold
-        self.context_len = cfg.context_len or getattr(getattr(model, "config", None), "max_seq_len", None)
-        if self.context_len is None:
-            raise ValueError("set TrainConfig.context_len: the model has no config.max_seq_len")
+        self.context_len = cfg.context_len or model.config.max_seq_len
         self.optimizer = make_optimizer(model, cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2), self.device.type)
         self.compiled_model = torch.compile(model) if cfg.compile else model  # what forward passes run
         self.ddp_model = self.compiled_model  # what training steps run
-        if ranks.world_size > 1:
-            device_ids = [ranks.local_rank] if self.device.type == "cuda" else None
+        if self.world_size > 1:
+            device_ids = [self.device.index] if self.device.type == "cuda" else None
             self.ddp_model = DistributedDataParallel(self.compiled_model, device_ids=device_ids)
         self.batch_generator = torch.Generator().manual_seed(cfg.seed)  # the order of the training batches
-        self.step = 0  # optimizer steps taken
-        self.last_eval_step: int | None = None  # the step of the latest evaluation
+        self.step, self.last_eval_step = 0, None  # optimizer steps taken; the step of the latest evaluation
         self.history: list[dict] = []  # one record per evaluation, as in metrics.jsonl
-        self.step_losses: list[float] = []  # the training loss of every step this Trainer took
-        self.out_dir = Path(cfg.out_dir)
-        self.metrics_path = self.out_dir / "metrics.jsonl"
-        self.replaces_run = False  # True: an earlier run in out_dir goes once this run's first checkpoint is saved
-        self.data_sha256: str | None = None  # of the data file, recorded at the start of the run
+        self.out_dir = Path(cfg.out_dir)  # where checkpoints and metrics go
+        self.meta: dict = {}  # entries of every checkpoint's state.json (train adds the data's SHA-256)
 
     @property
     def tokens_per_step(self) -> int:
@@ -387,265 +173,154 @@ class Trainer:
 
     def batch(self, split: str = "train", generator=None):
         "This process's share of a batch of `split`, on the training device (from `batch_generator` by default)."
-        data = self.data.train if split == "train" else self.data.val
-        generator = generator or self.batch_generator
-        return get_batch(
-            data, self.cfg.batch_size, self.context_len, generator, self.rank, self.world_size, self.device
-        )
-
-    def _mean_over_ranks(self, x: torch.Tensor) -> torch.Tensor:
-        if self.world_size > 1:
-            dist.all_reduce(x, op=dist.ReduceOp.SUM)
-            x = x / self.world_size
-        return x
+        ids = self.data.train if split == "train" else self.data.val
+        g = generator or self.batch_generator
+        return get_batch(ids, self.cfg.batch_size, self.context_len, g, self.rank, self.world_size, self.device)
 
     def train_step(self) -> dict:
         "One optimizer step over `grad_accum` micro-batches; returns its loss, pre-clip gradient norm and lr."
-        cfg = self.cfg
-        lr = cfg.lr_at(self.step)
+        cfg, lr = self.cfg, self.cfg.lr_at(self.step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         loss_sum = torch.zeros((), device=self.device)
         for micro in range(cfg.grad_accum):
             x, y = self.batch("train")  # (B, T) each
             last = micro == cfg.grad_accum - 1
-            sync = nullcontext() if last or self.world_size == 1 else self.ddp_model.no_sync()  # average once
-            with sync:
+            with nullcontext() if last or self.world_size == 1 else self.ddp_model.no_sync():  # average once
                 with autocast(self.device, self.dtype):
                     loss = lm_loss(self.ddp_model(x), y) / cfg.grad_accum  # a share of the mean over the batch
                 loss.backward()
             loss_sum += loss.detach()
-        loss = self._mean_over_ranks(loss_sum).item()  # every process sees the same number
-        self._stop_if_diverged(loss)
+        loss = _mean(loss_sum, self.world_size)  # every process sees the same number
+        if not math.isfinite(loss):  # stop before the broken gradient reaches the weights
+            self.optimizer.zero_grad(set_to_none=True)
+            raise TrainingDiverged(f"the loss is {loss} at step {self.step}; weights kept. {last_good(self.out_dir)}")
         max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm).item()  # before clipping
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
-        self.step_losses.append(loss)
         return {"loss": loss, "grad_norm": grad_norm, "lr": lr}
-
-    def _stop_if_diverged(self, loss: float) -> None:
-        "Drop the gradients and raise `TrainingDiverged` when `loss` is NaN or infinite: the weights stay good."
-        if math.isfinite(loss):
-            return
-        self.optimizer.zero_grad(set_to_none=True)
-        raise TrainingDiverged(
-            f"the loss is {loss} at step {self.step}; training stopped before updating the weights. {self._last_good()}"
-        )
-
-    def _last_good(self) -> str:
-        "Where to resume from after a divergence: the newest checkpoint of this run whose val loss was finite."
-        good = [] if self.replaces_run else [p for p in list_checkpoints(self.out_dir) if _finite_val_loss(p)]
-        where = f"The last good checkpoint is {good[-1]}. " if good else "No checkpoint of this run was saved yet. "
-        return where + "Try a lower lr, more warmup_iters, or dtype float32."
-
-    def _check_evaluation(self, record: dict) -> None:
-        "Raise `TrainingDiverged` (before any save) when this evaluation is not finite or exploded past the best."
-        best = min((r["val_loss"] for r in self.history[:-1] if math.isfinite(r["val_loss"])), default=math.inf)
-        val, train = record["val_loss"], record["train_loss"]
-        if math.isfinite(val) and math.isfinite(train) and val <= self.cfg.diverge_factor * best:
-            return
-        finite = math.isfinite(val) and math.isfinite(train)
-        why = "" if not finite else f" (over diverge_factor={self.cfg.diverge_factor:g} x the best so far, {best:.4f})"
-        raise TrainingDiverged(
-            f"the evaluation at step {self.step} gives train loss {train:.4g}, val loss {val:.4g}{why}: "
-            f"the run diverged, and step {self.step} was not saved. {self._last_good()}"
-        )
 
     @torch.no_grad()
     def evaluate(self) -> dict:
         "Mean loss on `eval_iters` step-sized batches of each split: the same batches at every evaluation of a run."
         self.compiled_model.eval()
-        out, accum = {}, self.cfg.grad_accum
+        out = {}
         for split in ("train", "val"):
-            g = torch.Generator().manual_seed(self.cfg.seed + 1)
-            losses = torch.zeros(self.cfg.eval_iters, device=self.device)
-            for k in range(self.cfg.eval_iters):
-                for _ in range(accum):  # as many windows as one optimizer step
-                    x, y = self.batch(split, g)  # (B, T) each
-                    with autocast(self.device, self.dtype):
-                        losses[k] += lm_loss(self.compiled_model(x), y) / accum
-            out[split] = self._mean_over_ranks(losses.mean()).item()
+            g, total = torch.Generator().manual_seed(self.cfg.seed + 1), torch.zeros((), device=self.device)
+            for _ in range(self.cfg.eval_iters * self.cfg.grad_accum):  # as many windows as one optimizer step
+                x, y = self.batch(split, g)  # (B, T) each
+                with autocast(self.device, self.dtype):
+                    total += lm_loss(self.compiled_model(x), y)
+            out[split] = _mean(total / (self.cfg.eval_iters * self.cfg.grad_accum), self.world_size)
         self.compiled_model.train()
         return out
-
-    def log(self, record: dict) -> None:
-        "Keep `record` in `history`; on rank 0 also append it to metrics.jsonl."
-        self.history.append(record)
-        if not self.is_main or self.replaces_run:  # a replacing run writes its records with its first checkpoint
-            return
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.metrics_path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
 
     def save(self) -> Path | None:
         "Checkpoint the run at its current step (on rank 0; the other processes return None)."
         if not self.is_main:
             return None
-        meta = {
-            "train_config": self.cfg.to_dict(),
-            "model_config": None if self.model_config is None else self.model_config.to_dict(),
-            "last_eval_iter": self.last_eval_step,
-            "val_loss": self.history[-1]["val_loss"] if self.history else None,
-            "world_size": self.world_size,
-            "data_sha256": self.data_sha256,
-            "tokenizer_vocab_size": getattr(self.data.tokenizer, "vocab_size", None),
-            "gptbook_version": gptbook.__version__,
-        }
-        folder = save_checkpoint(
-            self.out_dir,
-            self.step,
-            self.model,
-            self.optimizer,
-            self.batch_generator,
-            tokenizer=self.data.tokenizer,
-            meta=meta,
-            keep_last=self.cfg.keep_last,
-            replace_run=self.replaces_run,
-        )
-        if self.replaces_run:  # the new run is safe on disk: now its records and config replace the old ones
-            _rewrite_metrics(self.metrics_path, self.history)
-            save_run_config(self.out_dir, self.cfg, self.model_config)
-            self.replaces_run = False
-        return folder
+        meta = {"train_config": self.cfg.to_dict(), "model_config": self.model.config.to_dict(), **self.meta}
+        meta |= {"last_eval_iter": self.last_eval_step, "val_loss": self.history[-1]["val_loss"]}
+        meta |= {"world_size": self.world_size, "gptbook_version": gptbook.__version__}
+        args = (self.out_dir, self.step, self.model, self.optimizer, self.batch_generator)
+        return save_checkpoint(*args, tokenizer=self.data.tokenizer, meta=meta, keep_last=self.cfg.keep_last)
 
-    def load(self, path) -> Path:
-        "Restore what `save` wrote (weights, optimizer, RNG states, batch generator, step) from `path`."
-        return self._restore(checkpoint_state(path, CKPT_FILES))
-
-    def _restore(self, state: dict) -> Path:
-        "Restore the checkpoint whose `state.json` is `state` (as `checkpoint_state` returns it, with its `path`)."
-        folder = state["path"]
-        load_weights(self.model, folder)
-        self.optimizer.load_state_dict(load_optimizer_state(folder, state, self.optimizer))
-        self.batch_generator.set_state(restore_rng(folder, state))
+    def load(self, state: dict) -> None:
+        "Restore what `save` wrote, from the checkpoint whose state.json is `state` (`checkpoint.read_state`)."
+        load_weights(self.model, state)
+        load_training_state(state, self.optimizer, self.batch_generator)
         if self.rank > 0:  # only rank 0's RNG is saved: the others reseed their own dropout stream
             torch.manual_seed(self.cfg.seed + 1000 * self.rank + state["iter"])
-        self.step, self.last_eval_step = state["iter"], state.get("last_eval_iter")
-        records, torn = _parse_metrics(self.metrics_path) if self.metrics_path.is_file() else ([], False)
-        if torn and self.is_main:
-            print(f"note: {self.metrics_path}: removed a torn last line (a crash while writing it)", file=sys.stderr)
-        self.history = [r for r in records if r["iter"] <= self.step]
-        if self.is_main:
-            _rewrite_metrics(self.metrics_path, self.history)  # the steps after the checkpoint are redone
-        return folder
+        self.step, self.last_eval_step = state["iter"], state["last_eval_iter"]
+        self.history = trim_metrics(self.out_dir, self.step) if self.is_main else []
 
     def fit(self, stop_at: int | None = None) -> list[dict]:
         "Train to `cfg.max_iters` (or stop after step `stop_at`); evaluate, log and checkpoint every `eval_interval`."
-        end = self.cfg.max_iters if stop_at is None else min(stop_at, self.cfg.max_iters)
-        if self.is_main and not self.replaces_run:
-            save_run_config(self.out_dir, self.cfg, self.model_config)
-        bar, interval, t_start = self._progress_bar(), _Interval(), time.perf_counter()
+        end = min(stop_at or self.cfg.max_iters, self.cfg.max_iters)
+        if self.is_main:
+            save_run_config(self.out_dir, self.cfg.to_dict(), self.model.config.to_dict())
+        progress = _Progress(self)
         try:
             while True:
-                if self._evaluation_due(end):
-                    self._evaluate_and_log(interval, t_start, bar)
+                if (self.step % self.cfg.eval_interval == 0 or self.step == end) and self.step != self.last_eval_step:
+                    self._log(progress.record(self.evaluate()))  # a diverged evaluation is never saved
                     if self.step > 0:
-                        self._check_evaluation(self.history[-1])  # a diverged evaluation is never saved
                         self.save()
-                    interval = _Interval()
                 if self.step >= end:
                     return self.history
-                t0 = time.perf_counter()
-                stats = self.train_step()
-                interval.add(time.perf_counter() - t0, stats["grad_norm"])
-                self._show_progress(bar, stats, interval, end)
+                progress.step(self.train_step())
         except KeyboardInterrupt:
             if self.is_main:
-                print(self._interrupted(), file=sys.stderr, flush=True)
+                print(interrupted(self.out_dir, self.step, self.cfg.out_dir), file=sys.stderr, flush=True)
             raise
         finally:
-            bar.close()
+            progress.bar.close()
 
-    def _interrupted(self) -> str:
-        "What to say on Ctrl-C: the last checkpoint and the command that continues from it."
-        ckpts = [] if self.replaces_run else list_checkpoints(self.out_dir)
-        if not ckpts:
-            return f"\ninterrupted at step {self.step}, before the first checkpoint: nothing was saved"
-        return (
-            f"\ninterrupted at step {self.step}; the last checkpoint is {ckpts[-1]}\n"
-            f"continue with: gptbook train --out {self.out_dir} --resume"
-        )
-
-    def _evaluation_due(self, end: int) -> bool:
-        "Every `eval_interval` steps and at `end`, once per step (a resumed run does not redo its last one)."
-        return (self.step % self.cfg.eval_interval == 0 or self.step == end) and self.step != self.last_eval_step
-
-    def _evaluate_and_log(self, interval: _Interval, t_start: float, bar) -> None:
-        "Evaluate at this step, record it (history and metrics.jsonl) and print a line on rank 0."
-        losses = self.evaluate()
+    def _log(self, record: dict) -> None:
+        "Keep the record, refusing a diverged one (it is never saved); on rank 0 append it to metrics.jsonl."
+        _check_evaluation(record, self.history, self.cfg.diverge_factor, self.out_dir)
         self.last_eval_step = self.step
-        n, seconds = interval.steps, interval.seconds
-        record = {
-            "iter": self.step,
-            "train_loss": losses["train"],
-            "val_loss": losses["val"],
-            "lr": self.cfg.lr_at(max(self.step - 1, 0)),  # the rate of the last step taken (of the next one at 0)
-            "tokens_per_sec": n * self.tokens_per_step / seconds if n else 0.0,
-            "grad_norm": sum(interval.grad_norms) / n if n else None,
+        self.history.append(record)
+        if self.is_main:
+            append_metrics(self.out_dir, record)
+
+# %% ../nbs/08_training.ipynb #02c5263b
+#| code-fold: true
+def _check_evaluation(record: dict, history: list[dict], factor: float, out_dir: Path) -> None:
+    "Raise TrainingDiverged for an evaluation whose loss is not finite, or over `factor` times the best so far."
+    best = min((r["val_loss"] for r in history), default=math.inf)
+    step, train, val = record["iter"], record["train_loss"], record["val_loss"]
+    if math.isfinite(val) and math.isfinite(train) and val <= factor * best:
+        return
+    over = f" (over diverge_factor={factor:g} x the best so far, {best:.4f})" if math.isfinite(val) else ""
+    raise TrainingDiverged(
+        f"the evaluation at step {step} gives train loss {train:.4g}, val loss {val:.4g}{over}: "
+        f"the run diverged, and step {step} was not saved. " + last_good(out_dir)
+    )
+
+
+class _Progress:
+    "What a run shows as it goes (a bar on a terminal, a line every 10% in a log) and the timing of its records."
+
+    def __init__(self, trainer: Trainer):
+        self.trainer, self.start = trainer, time.perf_counter()
+        self.t0, self.seconds, self.grad_norms = self.start, 0.0, []  # the training steps since the last record
+        self.shown = trainer.cfg.progress and trainer.is_main
+        terminal = sys.stderr.isatty() or picked_tqdm is not console_tqdm  # a terminal, or a notebook with widgets
+        self.bar = tqdm(total=trainer.cfg.max_iters, initial=trainer.step, disable=not (self.shown and terminal))
+
+    def step(self, stats: dict) -> None:
+        "Count one training step; show the loss, the learning rate and the throughput (on a bar every 10 steps)."
+        t, now = self.trainer, time.perf_counter()
+        self.seconds, self.t0 = self.seconds + now - self.t0, now
+        self.grad_norms.append(stats["grad_norm"])
+        self.bar.update(1)
+        tok_s = t.tokens_per_step * len(self.grad_norms) / self.seconds
+        shown = f"loss {stats['loss']:.4f}, lr {stats['lr']:.1e}, {tok_s:,.0f} tokens/s"
+        if t.step % 10 == 0:
+            self.bar.set_postfix_str(shown, refresh=False)
+        if self.bar.disable and self.shown and t.step % max(1, t.cfg.max_iters // 10) == 0:  # a log: ten lines
+            print(f"step {t.step}/{t.cfg.max_iters} ({100 * t.step // t.cfg.max_iters}%): {shown}", flush=True)
+
+    def record(self, losses: dict) -> dict:
+        "The metrics record of the evaluation `losses` at this step (printed on rank 0); the interval starts anew."
+        t, n, seconds = self.trainer, len(self.grad_norms), self.seconds
+        record = {"iter": t.step, "train_loss": losses["train"], "val_loss": losses["val"]}
+        record["lr"] = t.cfg.lr_at(max(t.step - 1, 0))  # the rate of the last step taken (of the next one at 0)
+        record["tokens_per_sec"] = n * t.tokens_per_step / seconds if n else 0.0
+        record |= {
+            "grad_norm": sum(self.grad_norms) / n if n else None,
             "ms_per_iter": 1000 * seconds / n if n else None,
-            "elapsed_s": time.perf_counter() - t_start,
         }
-        self.log(record)
-        if not self.is_main:
-            return
-        msg = f"step {self.step}: train loss {record['train_loss']:.4f}, val loss {record['val_loss']:.4f}"
-        if n:
-            msg += f", {record['tokens_per_sec']:,.0f} tokens/s, {record['ms_per_iter']:.1f} ms/step"
-        if bar.disable:
-            print(msg, flush=True)
-        else:
-            bar.write(msg)
-
-    def _progress_bar(self) -> tqdm:
-        "A bar over the whole run on rank 0, if `cfg.progress` and a terminal or a notebook with widgets shows it."
-        shown = sys.stderr.isatty() or picked_tqdm is not console_tqdm  # a terminal, or a notebook with widgets
-        return tqdm(
-            total=self.cfg.max_iters,
-            initial=self.step,
-            disable=not (self.cfg.progress and self.is_main and shown),
-            desc="train",
-            unit="step",
-            dynamic_ncols=True,
-            mininterval=0.5,
-        )
-
-    def _show_progress(self, bar, stats: dict, interval: _Interval, end: int) -> None:
-        "Advance the bar; every 10 steps (and at the end) show the loss, the learning rate and the throughput."
-        bar.update(1)
-        if self.step % 10 == 0 or self.step == end:
-            tokens_per_sec = self.tokens_per_step * interval.steps / interval.seconds
-            bar.set_postfix(
-                loss=f"{stats['loss']:.3f}", lr=f"{stats['lr']:.1e}", tok_s=f"{tokens_per_sec:,.0f}", refresh=False
-            )
-        tenth = max(1, self.cfg.max_iters // 10)
-        if bar.disable and self.cfg.progress and self.is_main and self.step % tenth == 0:  # a log, not a terminal
-            tokens_per_sec = self.tokens_per_step * interval.steps / interval.seconds
-            print(
-                f"step {self.step}/{self.cfg.max_iters} ({100 * self.step // self.cfg.max_iters}%): "
-                f"loss {stats['loss']:.4f}, lr {stats['lr']:.1e}, {tokens_per_sec:,.0f} tokens/s",
-                flush=True,
-            )
-
-# %% ../nbs/08_training.ipynb #e5c18959
-def plot_metrics(metrics, ax=None, title: str | None = None):
-    "Train and val loss against the step, from a run folder, a metrics.jsonl file or a list of records."
-    import matplotlib.pyplot as plt  # only this function needs matplotlib
-
-    records = metrics if isinstance(metrics, list) else read_metrics(metrics)
-    if ax is None:
-        _, ax = plt.subplots(figsize=(6, 3.5))
-    its = [r["iter"] for r in records]
-    ax.plot(its, [r["train_loss"] for r in records], "o-", ms=3, label="train")
-    ax.plot(its, [r["val_loss"] for r in records], "o-", ms=3, label="val")
-    ax.set_xlabel("step")
-    ax.set_ylabel("cross-entropy (nats/token)")
-    if title:
-        ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    return ax
+        record["elapsed_s"] = time.perf_counter() - self.start
+        if t.is_main:
+            msg = f"step {t.step}: train loss {record['train_loss']:.4f}, val loss {record['val_loss']:.4f}"
+            msg += f", {record['tokens_per_sec']:,.0f} tokens/s, {record['ms_per_iter']:.1f} ms/step" if n else ""
+            self.bar.write(msg) if not self.bar.disable else print(msg, flush=True)
+        self.t0, self.seconds, self.grad_norms = time.perf_counter(), 0.0, []
+        return record
 
 # %% ../nbs/08_training.ipynb #3fd58852
 def init_distributed() -> Ranks:
@@ -663,73 +338,6 @@ def init_distributed() -> Ranks:
 
 # %% ../nbs/08_training.ipynb #170ac749
 #| code-fold: true
-def _run_dir(cfg: TrainConfig) -> Path:
-    "The run folder `cfg.out_dir`; a checkpoint folder given in its place is refused, naming its run folder."
-    out = Path(cfg.out_dir)
-    if is_checkpoint_dir(out):
-        raise ValueError(
-            f"--out {out} is a checkpoint folder, not a run folder; give its run folder: --out {out.parent}"
-        )
-    return out
-
-
-def _earlier_run(out_dir: Path) -> list[str]:
-    "What of an earlier run `out_dir` holds: checkpoint folders, metrics.jsonl, config.json."
-    found = [p.name for p in checkpoint_dirs(out_dir)]
-    return found + [f for f in ("metrics.jsonl", "config.json") if (out_dir / f).is_file()]
-
-
-def _check_fresh(out_dir: Path, overwrite: bool) -> bool:
-    """Refuse to start a fresh run over an earlier one that has checkpoints unless `overwrite`; returns whether
-    there is something to replace (a run killed before its first checkpoint leaves only metrics and config)."""
-    if not (old := _earlier_run(out_dir)):
-        return False
-    if checkpoint_dirs(out_dir) and not overwrite:
-        raise FileExistsError(
-            f"{out_dir} holds a run ({', '.join(old[:4])}); continue it with --resume, or pass --overwrite to "
-            "replace it (it is removed once the new run has saved its first checkpoint)"
-        )
-    return True
-
-
-def _data_file(cfg: TrainConfig) -> Path:
-    "The text file the run trains on (`data_path`, else Tiny Shakespeare, located as `gptbook.data` does)."
-    return Path(cfg.data_path) if cfg.data_path else tiny_shakespeare_path()
-
-
-def _check_same_data(cfg: TrainConfig, saved: dict) -> None:
-    "On resume: the data file must be the one whose SHA-256 the run recorded when it started."
-    recorded, path = saved.get("data_sha256"), _data_file(cfg)
-    if recorded is None:
-        return  # a checkpoint of an older version, or of a run given its data as tokens
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"the run's data file {path} is gone (moved or deleted): give its new place with --data PATH "
-            "(it is checked against the SHA-256 recorded when the run started)"
-        )
-    if (now := sha256_of(path)) != recorded:
-        raise ValueError(
-            f"the data file {path} changed since the run started (SHA-256 {now[:12]}... now, {recorded[:12]}... "
-            "then): resume with the original text (--data PATH), or start a fresh run"
-        )
-
-
-def _check_run(cfg: TrainConfig, model_config: GPTConfig, data: TokenData) -> None:
-    "What a run can be refused for before it starts: vocabulary, device and dtype, data shorter than a window."
-    if model_config.vocab_size < data.vocab_size:
-        raise ValueError(
-            f"the model's vocab_size {model_config.vocab_size} is smaller than the tokenizer's {data.vocab_size}"
-        )
-    pick_dtype(cfg.dtype, pick_device(cfg.device))
-    window = (cfg.context_len or model_config.max_seq_len) + 1
-    for split, ids in (("training", data.train), ("validation", data.val)):
-        if len(ids) < window:
-            raise ValueError(
-                f"the {split} split has {len(ids):,} tokens, but a batch needs windows of context_len + 1 = "
-                f"{window:,}: use a longer text (--data) or a shorter context (--context-len, --max-seq-len)"
-            )
-
-
 def _new_model(model_config: GPTConfig, seed: int, rank: int) -> GPT:
     "A GPT with the same initial weights in every process, then a dropout stream of its own per process."
     torch.manual_seed(seed)
@@ -739,237 +347,73 @@ def _new_model(model_config: GPTConfig, seed: int, rank: int) -> GPT:
     torch.manual_seed(seed + rank)
     return model
 
+
+def _resumed(cfg: TrainConfig | None, state: dict) -> TrainConfig:
+    "The config a resumed run continues with: `cfg`, whose data and model must be the saved run's, else the saved one."
+    saved = TrainConfig.from_dict(state["train_config"]).replace(out_dir=str(state["path"].parent))
+    if cfg is None:
+        return saved
+    if changed := [f for f in FIXED_ON_RESUME if getattr(cfg, f) != getattr(saved, f)]:
+        flags = ", ".join(f"--{f.replace('_', '-')}" for f in changed)
+        raise ValueError(f"--resume continues a saved run, whose data and model cannot change: drop {flags}")
+    return cfg
+
 # %% ../nbs/08_training.ipynb #t8pretr01
 #| code-fold: true
-class _Pretrained(NamedTuple):
-    "What `init_from` names: the model's config and weights, and its tokenizer."
-
-    config: GPTConfig
-    weights: dict
-    tokenizer: object
-
-
-_NOT_SHAPE = ("dropout",)  # model fields a fine-tuning run may change: they do not shape the weights
-
-
-def _pretrained(path, overrides: dict) -> _Pretrained:
-    "The model and tokenizer of `init_from` (a gptbook run or checkpoint folder, or a Hugging Face folder)."
-    path = Path(path).expanduser()
-    if is_checkpoint_dir(path) or (path.is_dir() and checkpoint_dirs(path)):
-        state = checkpoint_state(path)
-        model = GPT.from_checkpoint(state["path"])
-        tokenizer = checkpoint_tokenizer(state["path"], state, model.config.vocab_size)
-    elif (path / "config.json").is_file():
-        model, tokenizer = GPT.from_hf(path), _hf_tokenizer(path)
-    else:
-        raise FileNotFoundError(
-            f"--init-from {path} is neither a gptbook run or checkpoint folder nor a Hugging Face model folder "
-            "(config.json and model.safetensors)"
-        )
-    if tokenizer is None:
-        raise ValueError(f"--init-from {path} has no tokenizer, so its model cannot read new text")
-    for name, value in overrides.items():
-        if name not in _NOT_SHAPE and getattr(model.config, name) != value:
-            raise ValueError(
-                f"--init-from {path} fixes the model: its {name} is {getattr(model.config, name)!r}, not {value!r}; "
-                f"drop --{name.replace('_', '-')}"
-            )
-    config = model.config.replace(**{k: v for k, v in overrides.items() if k in _NOT_SHAPE})
-    return _Pretrained(config, model.state_dict(), tokenizer)
-
-
-def _hf_tokenizer(path: Path):
-    "The tokenizer of a Hugging Face model folder, as a `BPETokenizer`."
-    from .tokenizer import BPETokenizer
-
-    if not hasattr(BPETokenizer, "from_hf"):
-        raise ValueError(f"this gptbook cannot read the tokenizer of {path} yet (BPETokenizer.from_hf)")
-    return BPETokenizer.from_hf(path)
-
-
-def _header(trainer: Trainer, saved: dict | None, from_file: bool) -> str:
-    "The lines a run starts with: what trains, on what, where."
-    cfg, data = trainer.cfg, trainer.data
-    n_params = sum(p.numel() for p in trainer.model.parameters())
-    tokens = len(data.train) + len(data.val)
-    chars = f"{len(_data_file(cfg).read_text(encoding='utf-8')):,} characters, " if from_file else ""
-    source = _data_file(cfg) if from_file else "tokens given"
-    start = f"resuming from step {saved['iter']}" if saved else "fresh"
-    if cfg.init_from and not saved:
-        start += f", initialized from {cfg.init_from}"
-    return (
-        f"gptbook {gptbook.__version__}: {n_params / 1e6:.2f}M parameters on {trainer.device} in "
-        f"{str(trainer.dtype).removeprefix('torch.')}, {trainer.tokens_per_step:,} tokens per step\n"
-        f"data: {source} ({chars}{tokens:,} tokens: {len(data.train):,} train, {len(data.val):,} val)\n"
-        f"run: {trainer.out_dir} ({start}), {cfg.max_iters:,} steps"
-    )
-
-
-def _summary(trainer: Trainer, seconds: float) -> str:
-    "The lines a finished run ends with: time, best val loss, where its checkpoint and metrics are."
-    vals = [r["val_loss"] for r in trainer.history if math.isfinite(r["val_loss"])]
-    ckpts = list_checkpoints(trainer.out_dir)
-    best = f"best val loss {min(vals):.4f}" if vals else "no evaluation"
-    return (
-        f"done in {seconds:.1f} s at step {trainer.step}: {best}\n"
-        f"checkpoint: {ckpts[-1] if ckpts else 'none'}\nmetrics: {trainer.metrics_path}"
-    )
-
-# %% ../nbs/08_training.ipynb #t8train01
-#| code-fold: true
-def _configs(cfg, model_config, saved, run_dir: Path):
-    "The run's TrainConfig (data path made absolute) and GPTConfig; on resume, those of the checkpoint `saved`."
-    if saved is not None:
-        if not isinstance(saved.get("train_config"), dict) or not isinstance(saved.get("model_config"), dict):
-            raise ValueError(
-                f"{saved['path'] / 'state.json'} has no train_config or model_config: it cannot be resumed"
-            )
-        cfg = cfg or TrainConfig.from_dict(saved["train_config"]).replace(out_dir=str(run_dir))
-        model_config = GPTConfig.from_dict(saved["model_config"])
+def _configs(cfg: TrainConfig | None, model_config: GPTConfig | None, state: dict | None):
+    "(TrainConfig, GPTConfig or None, tokenizer or None, weights or None) of a resumed, initialized or new run."
+    if state is not None:
+        return _resumed(cfg, state), GPTConfig.from_dict(state["model_config"]), checkpoint_tokenizer(state), None
     cfg = cfg or TrainConfig()
     if cfg.data_path:  # stored absolute, so that the run resumes from any working directory
         cfg = cfg.replace(data_path=str(Path(cfg.data_path).expanduser().resolve()))
-    if cfg.init_from and Path(cfg.init_from).expanduser().exists():  # a folder, not a hub name
-        cfg = cfg.replace(init_from=str(Path(cfg.init_from).expanduser().resolve()))
-    return cfg, model_config
+    if not cfg.init_from:
+        return cfg, model_config, None, None
+    init = pretrained(cfg.init_from, cfg.model_overrides)
+    return cfg.replace(init_from=str(init.path)), init.config, init.tokenizer, init.weights
 
 
-def _prepare(cfg, model_config, data, saved, tokenizer=None):
-    "Check and load everything a run needs, changing nothing on disk; returns the model config, data and data hash."
-    if saved is not None and data is None:
-        _check_same_data(cfg, saved)
-    data_sha256 = None  # unknown when the tokens are given
-    if data is None:
-        tokenizer = tokenizer or (None if saved is None else checkpoint_tokenizer(saved["path"], saved))
-        data = load_token_data(tokenizer or cfg.tokenizer, cfg.bpe_vocab_size, cfg.data_path, cfg.val_fraction)
-        data_sha256 = (saved or {}).get("data_sha256") or sha256_of(_data_file(cfg))
+def _trainer(cfg, model_config, state, data, ranks: Ranks) -> Trainer:
+    "The run's Trainer with everything loaded and checked, changing nothing on disk."
+    cfg, model_config, tokenizer, weights = _configs(cfg, model_config, state)
+    data, data_sha256 = (data, None) if data is not None else run_data(cfg, state, tokenizer)
     model_config = model_config or GPTConfig.from_preset(cfg.preset, data.vocab_size, **cfg.model_overrides)
-    _check_run(cfg, model_config, data)
-    return model_config, data, data_sha256
-
-
-def train(
-    cfg: TrainConfig | None = None,
-    model_config: GPTConfig | None = None,
-    *,
-    resume: bool = False,
-    data: TokenData | None = None,
-    overwrite: bool = False,
-) -> Trainer:
-    """Train a GPT as `cfg` says, from scratch or (`resume=True`) from the latest checkpoint in `cfg.out_dir`.
-
-    Everything is checked before anything on disk changes, under the run folder's lock. A fresh run refuses a
-    folder that holds a run unless `overwrite`; then the old run is removed once the new one's first checkpoint
-    is saved, so a run that fails on the way leaves the old one whole."""
-    ranks = init_distributed()
-    run_dir = _run_dir(cfg or TrainConfig())
-    if resume and not run_dir.is_dir():
-        checkpoint_state(run_dir)  # says that the folder does not exist (the lock would create it)
-    with run_lock(run_dir) if ranks.rank == 0 else nullcontext():
-        saved = checkpoint_state(run_dir, CKPT_FILES) if resume else None
-        replaces = saved is None and ranks.rank == 0 and _check_fresh(run_dir, overwrite)
-        cfg, model_config = _configs(cfg, model_config, saved, run_dir)
-        init = _pretrained(cfg.init_from, cfg.model_overrides) if saved is None and cfg.init_from else None
-        if init is not None:
-            model_config = init.config
-        model_config, data, data_sha256 = _prepare(cfg, model_config, data, saved, init and init.tokenizer)
-        if ranks.world_size > 1:
-            dist.barrier()
-        trainer = Trainer(_new_model(model_config, cfg.seed, ranks.rank), data, cfg, model_config, ranks)
-        trainer.data_sha256, trainer.replaces_run = data_sha256, replaces
-        if init is not None:
-            trainer.model.load_state_dict(init.weights)
-        if saved is not None:
-            trainer._restore(saved)
-            if trainer.step >= cfg.max_iters:
-                if ranks.rank == 0:
-                    print(
-                        f"note: {run_dir} is at step {trainer.step} and max_iters is {cfg.max_iters}: nothing was "
-                        "trained; raise --max-iters to train further",
-                        file=sys.stderr,
-                    )
-                return trainer
-        if ranks.rank == 0:  # everything is checked and loaded: say what trains
-            print(_header(trainer, saved, data_sha256 is not None), flush=True)
-        t0 = time.perf_counter()
-        trainer.fit()
-        if ranks.rank == 0:
-            print(_summary(trainer, time.perf_counter() - t0), flush=True)
+    check_fits(cfg, model_config, data)
+    trainer = Trainer(_new_model(model_config, cfg.seed, ranks.rank), data, cfg, ranks)
+    trainer.meta["data_sha256"] = data_sha256
+    if weights is not None:
+        trainer.model.load_state_dict(weights)
+    if state is not None:
+        trainer.load(state)
     return trainer
 
-# %% ../nbs/08_training.ipynb #b0a881c0
-#| code-fold: true
-def baby_config(tokenizer: Literal["char", "bpe"] = "char") -> TrainConfig:
-    "The fixed run of the book's baby model: `TrainConfig()` (characters), or the same on the 512-id BPE ('bpe')."
-    if tokenizer not in ("char", "bpe"):
-        raise ValueError(f"tokenizer must be 'char' or 'bpe', got {tokenizer!r}")
-    return TrainConfig(tokenizer=tokenizer, progress=False)
-
-
-def baby_key(cfg: TrainConfig, data_sha256: str) -> str:
-    "A short hash of what decides a run: its config (not its folder or progress bar) and the data's SHA-256."
-    decides = {k: v for k, v in cfg.to_dict().items() if k not in ("out_dir", "progress")}
-    blob = json.dumps({"config": decides, "data_sha256": data_sha256}, sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:12]
-
-
-def _finished_run(folder: Path, cfg: TrainConfig) -> bool:
-    "Whether `folder` holds a run of `cfg` that reached `max_iters`, with metrics and a model that loads."
-    if not (folder / "metrics.jsonl").is_file():
-        return False
-    try:
-        state = checkpoint_state(folder)
-        GPT.from_checkpoint(state["path"])  # the weights load and match their recorded SHA-256
-    except (OSError, ValueError, KeyError, RuntimeError):
-        return False
-    return state["iter"] >= cfg.max_iters
-
-
-@contextmanager
-def _waiting_lock(path: Path):
-    "Hold an exclusive lock on the file `path`, waiting while another process holds it (none without fcntl)."
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        if fcntl is not None:
-            fcntl.flock(f, fcntl.LOCK_EX)  # the kernel releases it when the file closes or its holder dies
-        yield
-
-
-class _ShowAs:
-    "A stdout that writes `new` in place of `old`: a run trained in a temporary folder names its final one."
-
-    def __init__(self, out, old: str, new: str):
-        self.out, self.old, self.new = out, old, new
-
-    def write(self, text: str) -> int:
-        return self.out.write(text.replace(self.old, self.new))
-
-    def flush(self) -> None:
-        self.out.flush()
-
-
-def _train_into(folder: Path, cfg: TrainConfig, shown: str) -> None:
-    """Train `cfg` in a temporary folder beside `folder` (`atomic_dir`), renamed into place when the run ends:
-    a failed run leaves nothing, and an unfinished or damaged folder from an older attempt is replaced."""
-    with atomic_dir(folder) as tmp, redirect_stdout(_ShowAs(sys.stdout, str(tmp), shown)):
-        train(cfg.replace(out_dir=str(tmp)))
-
-
-def baby_run(tokenizer: Literal["char", "bpe"] = "char", *, cache_dir=None) -> Path:
-    """The run folder (checkpoint and metrics.jsonl) of the book's baby model, trained once and then reused.
-
-    It lives in `cache_dir` (default `gptbook.data.cache_dir()`) under `runs/baby-<tokenizer>-<key>`, the key a
-    hash of `baby_config(tokenizer)` and of the data file's SHA-256. A run is trained in a temporary folder and
-    renamed into place, so an interrupted one leaves no folder behind; a second caller waits for the first."""
-    cfg = baby_config(tokenizer)
-    root = Path(cache_dir or gptbook.data.cache_dir()) / "runs"
-    folder = root / f"baby-{tokenizer}-{baby_key(cfg, sha256_of(_data_file(cfg)))}"
-    shown = str(folder).replace(str(Path.home()), "~", 1)
-    with _waiting_lock(root / f".{folder.name}.lock"):
-        if _finished_run(folder, cfg):
-            print(f"baby run ({tokenizer}): found {shown}")
-            return folder
+# %% ../nbs/08_training.ipynb #t8train01
+def train(cfg=None, model_config=None, *, resume=False, data=None, overwrite=False) -> Trainer:
+    """Train a GPT as `cfg` says, from scratch, or (`resume=True`) from the latest checkpoint in `cfg.out_dir`
+    (`cfg=None`: the saved run's config). Everything is checked before anything on disk changes, under the run
+    folder's lock. A fresh run refuses a folder that holds a run unless `overwrite`; the new run then trains
+    beside the old one and replaces it in one step once its first checkpoint is saved."""
+    ranks = init_distributed()
+    run_dir = Path((cfg or TrainConfig()).out_dir)
+    with run_lock(run_dir) if ranks.rank == 0 else nullcontext():
+        folder, state = start_run(run_dir, resume, overwrite) if ranks.rank == 0 else (run_dir, None)
+        if ranks.world_size > 1:
+            dist.barrier()  # rank 0 has finished any interrupted switch-over
+            state = state or (read_state(run_dir) if resume else None)
+        trainer = _trainer(cfg, model_config, state, data, ranks)
+        if trainer.step >= trainer.cfg.max_iters:
+            print(f"note: {run_dir} is at step {trainer.step}: raise --max-iters to train further", file=sys.stderr)
+            return trainer
         t0 = time.perf_counter()
-        _train_into(folder, cfg, shown)
-    print(f"baby run ({tokenizer}): trained in {time.perf_counter() - t0:.0f} s, saved to {shown}")
-    return folder
+        if trainer.is_main:
+            print(header(trainer, state), flush=True)
+        if folder != run_dir:  # --overwrite: the new run lives in its own folder until its first checkpoint
+            trainer.out_dir = folder
+            trainer.fit(stop_at=trainer.cfg.eval_interval)
+            if trainer.is_main:
+                commit_run(run_dir)
+            trainer.out_dir = run_dir
+        trainer.fit()
+        if trainer.is_main:
+            print(summary(trainer, time.perf_counter() - t0), flush=True)
+    return trainer

@@ -70,10 +70,6 @@ def test_causal_mask_matches_definition():
         np.testing.assert_array_equal(A.causal_mask(T_q, T_k).numpy(), ref)
         np.testing.assert_array_equal(NA.causal_mask(T_q, T_k), ref)
     assert A.causal_mask(5).dtype == torch.bool and A.causal_mask(5).shape == (5, 5)
-    with pytest.raises(ValueError, match="T_q=4.*T_k=2"):
-        A.causal_mask(4, 2)
-    with pytest.raises(ValueError, match="T_q=4.*T_k=2"):
-        NA.causal_mask(4, 2)
 
 
 def test_masked_positions_get_zero_weight_and_rows_sum_to_one():
@@ -201,13 +197,11 @@ def test_kv_cache_step_by_step_equals_full_forward(use_sdpa, n_kv_heads):
     assert cache.pos == 0
 
 
-def test_kv_cache_errors():
+def test_a_full_kv_cache_says_so():
     cache = A.KVCache(1, 2, 4, 8)
     cache.update(torch.zeros(1, 2, 3, 8), torch.zeros(1, 2, 3, 8))
     with pytest.raises(ValueError, match="max_seq_len=4"):
         cache.update(torch.zeros(1, 2, 2, 8), torch.zeros(1, 2, 2, 8))
-    with pytest.raises(ValueError, match=r"\(1, 2, T, 8\)"):
-        cache.update(torch.zeros(1, 3, 1, 8), torch.zeros(1, 3, 1, 8))
 
 
 def test_bad_head_counts_name_the_numbers():
@@ -222,8 +216,6 @@ def test_bad_head_counts_name_the_numbers():
         NA.multi_head_attention({"c_attn.weight": np.zeros((300, 100)), "c_proj.weight": np.zeros((100, 100))}, x, 4, 3)
     with pytest.raises(KeyError, match="no 'c_attn.weight' in params"):
         NA.multi_head_attention({"c_attn.w": np.zeros((300, 100))}, x, 4)
-    with pytest.raises(ValueError, match="d_model=8"):
-        A.MultiHeadAttention(8, 2)(torch.zeros(1, 3, 10))
     with pytest.raises(TypeError, match="bool"):
         A.scaled_dot_product_attention(torch.zeros(2, 4), torch.zeros(2, 4), torch.zeros(2, 4), torch.zeros(2, 2))
 

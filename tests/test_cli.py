@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +11,8 @@ import pytest
 import torch
 
 from gptbook.cli import build_parser, main
-from gptbook.train import load_checkpoint, read_metrics
+from gptbook.checkpoint import load_checkpoint
+from gptbook.runs import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [
@@ -183,7 +185,7 @@ def test_config_replays_a_run(tmp_path, capsys, shakespeare_path):
     status, _, err = call(capsys, "train", "--config", first, "--out", tmp_path / "more", "--max-iters", 3)
     assert status == 0, err
     assert read_metrics(tmp_path / "more")[-1]["iter"] == 3
-    assert load_checkpoint(tmp_path / "more").model_config.n_layers == 1
+    assert load_checkpoint(tmp_path / "more").model.config.n_layers == 1
 
 
 def test_no_command_prints_help(capsys):
@@ -198,7 +200,7 @@ def test_no_command_prints_help(capsys):
         (["train", "--lr", "fast"], 2, "invalid float value: 'fast'"),
         (["train", "--tokenizer", "words"], 2, "invalid choice: 'words'"),
         (["train", "--batch-size", "0"], 1, "batch_size must be at least 1"),
-        (["train", "--data", "/no/such/file.txt"], 1, "No text file at /no/such/file.txt"),
+        (["train", "--data", "/no/such/file.txt"], 1, "/no/such/file.txt does not exist"),
         (["train", "--preset", "baby", "--n-layerz", "1"], 2, "unrecognized arguments"),
         (["train", "--dtype", "float16"], 2, "invalid choice: 'float16'"),
         (["sample", "--out", "/no/such/run"], 1, "/no/such/run does not exist"),
@@ -288,7 +290,7 @@ def test_resume_extends_a_run(tmp_path, capsys, shakespeare_path):
     assert [r["iter"] for r in read_metrics(out)] == [0, 5, 10, 15] and "step 15" in stdout
     assert stdout.rstrip("\n").splitlines()[-1] == f"sample: gptbook sample {out}"  # no sample printed: no "more"
     ck = load_checkpoint(out)
-    assert ck.iter == 15 and ck.model_config.n_layers == 1 and ck.train_config.max_iters == 15
+    assert ck.iter == 15 and ck.model.config.n_layers == 1 and ck.state["train_config"]["max_iters"] == 15
     status, _, err = call(capsys, "train", "--out", out, "--resume", "--d-model", "64")
     assert status == 1 and "--d-model" in err and len(err.strip().splitlines()) == 1
     status, _, err = call(capsys, "train", "--out", tmp_path / "nothing", "--resume")
@@ -301,8 +303,8 @@ def test_parser_maps_flags_to_configs():
     args = build_parser().parse_args(
         ["train", "--n-layers", "2", "--no-bias", "--lr", "3e-4", "--out", "x", "--data", "t.txt"]
     )
-    cfg, resume = config_from_args(args)
-    assert not resume and cfg.model_overrides == {"n_layers": 2, "bias": False}
+    cfg = config_from_args(args)
+    assert not args.resume and cfg.model_overrides == {"n_layers": 2, "bias": False}
     assert (cfg.lr, cfg.out_dir, cfg.data_path, cfg.max_iters) == (3e-4, "x", "t.txt", 2000)
 
 
@@ -409,11 +411,99 @@ def test_eval_scores_the_whole_file(capsys, run_dir, shakespeare_path, tmp_path)
     assert bpc == pytest.approx(nats / math.log(2) / len(text), abs=1e-4)
 
 
+def one_line(status, err, *texts):
+    "The command failed with status 1 and one line of stderr holding every one of `texts`."
+    assert status == 1 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert all(str(t) in err for t in texts), (texts, err)
+
+
 def test_eval_errors_are_one_line(capsys, run_dir, tmp_path):
     status, _, err = call(capsys, "eval", run_dir[0], "--data", tmp_path / "none.txt")
-    assert status == 1 and "none.txt" in err and len(err.strip().splitlines()) == 1
+    one_line(status, err, "none.txt does not exist")
     status, _, err = call(capsys, "eval", run_dir[0])
     assert status == 2 and "--data" in err
+    (tmp_path / "binary.bin").write_bytes(b"\xa9\x00\xff")
+    for bad, text in (
+        (tmp_path / "binary.bin", "binary.bin is not UTF-8 text (byte 0xa9"),
+        ("/dev/zero", "not a regular"),
+    ):
+        one_line(*call(capsys, "eval", run_dir[0], "--data", bad)[::2], text)
+        one_line(*call(capsys, "tokenizer", "train", bad, "--vocab-size", 300, "--out", tmp_path / "t.json")[::2], text)
+
+
+def test_eval_bounds_its_memory_whatever_the_batch_size(capsys, run_dir, tmp_path, shakespeare):
+    "--batch-size 1000000 once allocated every window's logits at once; now a budget caps the batch: same score."
+    f = tmp_path / "part.txt"
+    f.write_text(shakespeare[:3000], encoding="utf-8")
+    s1, out1, err = call(capsys, "eval", run_dir[0], "--data", f, "--batch-size", 1)
+    s2, out2, err = call(capsys, "eval", run_dir[0], "--data", f, "--batch-size", 1_000_000)
+    assert s1 == s2 == 0, err
+    assert _numbers(out1) == pytest.approx(_numbers(out2), abs=2e-4)
+
+
+def test_a_model_with_nan_weights_is_refused_never_scored(capsys, run_dir, tmp_path):
+    import json as json_
+
+    from safetensors.torch import load_file, save_file
+
+    from gptbook.files import sha256_of
+
+    run = tmp_path / "nan"
+    shutil.copytree(run_dir[0], run)
+    folder = load_checkpoint(run).path
+    weights = {k: torch.full_like(v, float("nan")) for k, v in load_file(folder / "model.safetensors").items()}
+    save_file(weights, folder / "model.safetensors")  # a forger's NaN weights, with a consistent SHA-256
+    state = json_.loads((folder / "state.json").read_text())
+    state["sha256"]["model.safetensors"] = sha256_of(folder / "model.safetensors")
+    (folder / "state.json").write_text(json_.dumps(state))
+    for argv in (
+        ["eval", run, "--data", run / "config.json"],
+        ["sample", run],
+        ["train", "--out", tmp_path / "ft", "--init-from", run],
+    ):
+        one_line(*call(capsys, *argv)[::2], "holds NaN or infinite values")
+
+
+@pytest.mark.parametrize(
+    "flags, text",
+    [
+        (["--d-model", "100000", "--n-heads", "1", "--n-layers", "1"], "--d-model: d_model=100,000 makes a model of"),
+        (["--batch-size", "100000"], "--batch-size: batch_size=100000 x context 64 needs about"),
+        (["--init-from", ""], "--init-from: init_from must be a non-empty string"),
+    ],
+)
+def test_sizes_and_empty_values_are_refused_before_anything_is_allocated(capsys, tmp_path, flags, text):
+    status, out, err = call(capsys, "train", "--out", tmp_path / "big", *flags)
+    one_line(status, err, text, "more than this machine" if "make" in text or "needs" in text else "")
+    assert out == "" and not (tmp_path / "big").exists()
+
+
+def test_init_from_a_longer_context_than_the_weights_is_refused_before_training(capsys, run_dir, tmp_path):
+    status, out, err = call(capsys, "train", "--out", tmp_path / "ft", "--init-from", run_dir[0], "--context-len", 64)
+    one_line(status, err, "context_len=64 is longer than the model's learned position table (max_seq_len=32)")
+    assert out == ""
+
+
+def test_a_tokenizer_of_another_size_than_the_runs_is_refused(capsys, run_dir, tmp_path):
+    from gptbook.tokenizer import CharTokenizer
+
+    CharTokenizer(["a", "b"]).save(tmp_path / "ab.json")
+    one_line(*call(capsys, "sample", run_dir[0], "--tokenizer", tmp_path / "ab.json")[::2], "has 2 ids, but the run")
+
+
+def test_a_missing_optional_package_is_one_line_naming_the_extra(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # as if it were not installed
+    one_line(*call(capsys, "sample", "--hf", "openai-community/gpt2")[::2], "gptbook[hf]")
+
+
+def test_warnings_are_one_line_too(capsys, tmp_path):
+    (tmp_path / "tiny.txt").write_text("ab" * 20, encoding="utf-8")
+    status, out, err = call(
+        capsys, "tokenizer", "train", tmp_path / "tiny.txt", "--vocab-size", 400, "--out", tmp_path / "t.json"
+    )
+    assert status == 0 and err.startswith("gptbook tokenizer: warning: ") and len(err.strip().splitlines()) == 1, err
+    argv = ["tokenizer", "train", tmp_path / "tiny.txt", "--vocab-size", 256, "--out", tmp_path]
+    one_line(*call(capsys, *argv)[::2], "is a folder")
 
 
 def test_tokenizer_train(capsys, shakespeare_path, tmp_path):
@@ -512,7 +602,7 @@ def test_train_init_from_a_run(capsys, run_dir, shakespeare_path, tmp_path):
     assert f"initialized from {run_dir[0]}" in out
     base = load_checkpoint(run_dir[0])
     tuned = load_checkpoint(tmp_path / "ft")
-    assert tuned.model_config == base.model_config and tuned.tokenizer.vocab_size == base.tokenizer.vocab_size
+    assert tuned.model.config == base.model.config and tuned.tokenizer.vocab_size == base.tokenizer.vocab_size
     status, _, err = call(capsys, "train", "--out", tmp_path / "ft1", "--init-from", run_dir[0], *argv, "--lr", 1e-12)
     assert status == 0, err  # a step of lr 1e-12: the weights are the run's
     tuned = load_checkpoint(tmp_path / "ft1").model.state_dict()
@@ -540,7 +630,7 @@ def test_train_init_from_refuses_what_the_weights_fix(capsys, tmp_path, flags, n
     "A flag that would choose the model or tokenizer is one line naming it, before anything is read or written."
     status, out, err = call(capsys, "train", "--out", tmp_path / "ft", "--init-from", tmp_path / "nothing", *flags)
     assert status == 1 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
-    assert f"fixes the model and its tokenizer (the weights were trained with them): drop {named}" in err
+    assert f"fixes the model and its tokenizer: drop {named}" in err
     assert not (tmp_path / "ft").exists()
     config = tmp_path / "config.json"  # the same through a replayed config that names --init-from
     config.write_text(json.dumps({"train_config": {"init_from": str(tmp_path / "nothing")}}), encoding="utf-8")
@@ -557,7 +647,7 @@ def test_train_init_from_hf_folder(capsys, tmp_path, shakespeare_path):
     argv += ["--sample-tokens", 0]
     status, out, err = call(capsys, "train", "--out", tmp_path / "ft", "--init-from", folder, *argv)
     assert status == 0, err
-    assert load_checkpoint(tmp_path / "ft").model_config.n_layers == 1
+    assert load_checkpoint(tmp_path / "ft").model.config.n_layers == 1
 
 
 def test_ctrl_c_names_the_checkpoint_and_the_resume_command(capsys, tmp_path, monkeypatch, shakespeare_path):

@@ -3,17 +3,25 @@
 import functools
 import hashlib
 import http.server
+import os
+import pickle
+import shutil
 import threading
+import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from gptbook import data
+from gptbook.tokenizer import BPETokenizer, CharTokenizer
 from gptbook.data import (
     TINY_SHAKESPEARE_SHA256,
     ChecksumError,
     cache_dir,
     download,
+    load_token_data,
+    save_tokens,
     tiny_shakespeare,
     tiny_shakespeare_path,
     train_val_split,
@@ -178,17 +186,6 @@ def test_split_sizes_and_order(n, n_train):
     assert len(train) == n_train  # at least one item on each side, otherwise the first 90% (rounded down)
 
 
-@pytest.mark.parametrize("bad", [0.0, 1.0, -0.1, 2])
-def test_split_rejects_bad_fraction(bad):
-    with pytest.raises(ValueError, match="val_fraction"):
-        train_val_split("abcdef", val_fraction=bad)
-
-
-def test_split_rejects_tiny_input():
-    with pytest.raises(ValueError, match="at least 2"):
-        train_val_split("a")
-
-
 def test_char_tokenizer_is_reexported():
     from gptbook.tokenizer import CharTokenizer
 
@@ -199,7 +196,8 @@ def test_load_token_data_with_tiktoken_and_hf_tokenizers(tmp_path):
     "An Encoding or an HF tokenizer gives the ids it gives itself, through as_tokenizer (plain text, no BOS added)."
     pytest.importorskip("tiktoken")
     pytest.importorskip("tokenizers")
-    from gptbook.tokenizer import GPT2_PATTERN, BPETokenizer, TokenizerAdapter
+    from gptbook.adapters import TokenizerAdapter
+    from gptbook.tokenizer import GPT2_PATTERN, BPETokenizer
 
     text = "First Citizen:\nBefore we proceed any further, hear me speak. 日🙂 naïve <|endoftext|>\n" * 30
     path = tmp_path / "t.txt"
@@ -220,3 +218,137 @@ def test_load_token_data_with_tiktoken_and_hf_tokenizers(tmp_path):
         assert d.tokenizer.decode(want) == text
     with pytest.raises(TypeError, match="int is not a tokenizer gptbook knows"):
         data.load_token_data(3, path=path)
+
+
+# --- the BPE token cache: checked before use, and never needed -------------------------------------------------
+
+
+def _cached(cache_home, text_path, vocab_size=300):
+    name = f"bpe{vocab_size}-{hashlib.sha256(text_path.read_bytes()).hexdigest()[:16]}"
+    return cache_home / "gptbook" / "tokens" / f"{name}.json", cache_home / "gptbook" / "tokens" / f"{name}.npy"
+
+
+@pytest.fixture
+def small_text(tmp_path, monkeypatch, shakespeare):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    path = tmp_path / "small.txt"
+    path.write_text(shakespeare[:20_000], encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda tok, ids, other: np.save(ids, np.arange(34, dtype=np.uint16)),  # ids of another text
+        lambda tok, ids, other: ids.write_bytes(pickle.dumps(list(range(34)))),  # a pickle: never unpickled
+        lambda tok, ids, other: other.save(tok),  # another tokenizer under this text's name
+        lambda tok, ids, other: np.save(ids, np.zeros(5, dtype=np.float64)),  # not ids at all
+    ],
+)
+def test_a_damaged_or_foreign_cache_entry_is_rebuilt_not_trained_on(small_text, tmp_path, damage):
+    fresh = load_token_data("bpe", vocab_size=300, path=small_text)
+    tok_file, ids_file = _cached(tmp_path / "cache", small_text)
+    damage(tok_file, ids_file, BPETokenizer.train("something else entirely " * 50, 280))
+    again = load_token_data("bpe", vocab_size=300, path=small_text)
+    assert np.array_equal(np.array(again.train), np.array(fresh.train))
+    assert again.tokenizer.merges == fresh.tokenizer.merges
+    assert np.array_equal(np.load(ids_file), np.concatenate([fresh.train, fresh.val]))  # rebuilt
+
+
+def test_another_texts_entry_under_this_name_is_caught(small_text, tmp_path):
+    other = tmp_path / "other.txt"
+    other.write_text(small_text.read_text()[::-1], encoding="utf-8")
+    mine = load_token_data("bpe", vocab_size=300, path=small_text)
+    load_token_data("bpe", vocab_size=300, path=other)
+    for ours, theirs in zip(_cached(tmp_path / "cache", small_text), _cached(tmp_path / "cache", other)):
+        shutil.copy(theirs, ours)  # a complete, self-consistent entry, of another text
+    again = load_token_data("bpe", vocab_size=300, path=small_text)
+    assert np.array_equal(np.array(again.train), np.array(mine.train))
+
+
+# ---------------------------------------------------------------------- bad data: one line naming the file
+
+
+@pytest.fixture
+def cache_home(monkeypatch, tmp_path):
+    "A private, empty $XDG_CACHE_HOME; returns the token cache folder in it."
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "gptbook" / "tokens"
+
+
+def test_a_data_file_that_is_not_utf8_is_named(tmp_path):
+    path = tmp_path / "latin1.txt"
+    path.write_bytes("Où est la café?".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"latin1\.txt is not UTF-8 text \(byte 0xf9 at position 1\): convert it"):
+        load_token_data("char", path=path)
+    binary = tmp_path / "binary.bin"
+    binary.write_bytes(bytes([0xA9, 0x00, 0xFF]) * 10)
+    with pytest.raises(ValueError, match=r"binary\.bin is not UTF-8 text \(byte 0xa9 at position 0\)"):
+        load_token_data("bpe", vocab_size=300, path=binary, cache=False)
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002, 0o077])
+def test_what_the_data_modules_write_follows_the_umask(cache_home, tmp_path, umask):
+    old = os.umask(umask)
+    try:
+        files = [
+            *_written_by_tokenizers(tmp_path),
+            save_tokens(np.arange(10), tmp_path / "ids.bin"),
+            download((tmp_path / "ids.bin").as_uri(), tmp_path / "downloaded.bin"),
+        ]
+        load_token_data("bpe", vocab_size=260, path=_text_file(tmp_path))
+        files += sorted(cache_home.iterdir())
+        folders = [cache_home, cache_home.parent]
+    finally:
+        os.umask(old)
+    assert len(files) >= 6  # 2 tokenizers, 2 id files, the cache entry (ids, tokenizer, and its .meta.json)
+    for f in files:
+        assert f.stat().st_mode & 0o777 == 0o666 & ~umask, f
+    for d in folders:
+        assert d.stat().st_mode & 0o777 == 0o777 & ~umask, d
+
+
+def _written_by_tokenizers(folder: Path) -> list:
+    CharTokenizer.train("abc").save(folder / "chars.json")
+    BPETokenizer.train("abc abc abd", 258).save(folder / "bpe.json")
+    return [folder / "chars.json", folder / "bpe.json"]
+
+
+def _text_file(folder: Path) -> Path:
+    path = folder / "text.txt"
+    path.write_text("to be or not to be " * 20, encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(
+    "content,tokenizer,match",
+    [
+        ("", "char", r"empty\.txt is empty: there is no text to learn from"),
+        ("", "bpe", r"empty\.txt is empty"),
+        ("a", "char", r"one\.txt gives only 1 token\(s\) with the char tokenizer"),
+        ("a" * 5000, "bpe", r"aaaa\.txt gives only 1 token\(s\) with the bpe tokenizer"),
+    ],
+)
+def test_empty_or_one_token_data_is_named(cache_home, tmp_path, content, tokenizer, match):
+    name = {"": "empty.txt", "a": "one.txt"}.get(content, "aaaa.txt")
+    path = tmp_path / name
+    path.write_text(content, encoding="utf-8")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "ran out of pairs": 5,000 a's make one token long before 300 ids
+        with pytest.raises(ValueError, match=match) as e:
+            load_token_data(tokenizer, vocab_size=300, path=path)
+    assert str(path) in str(e.value)
+
+
+def test_a_wrong_gptbook_data_file_points_to_data(monkeypatch, tmp_path):
+    wrong = tmp_path / "mine.txt"
+    wrong.write_text("my own text\n", encoding="utf-8")
+    monkeypatch.setenv("GPTBOOK_DATA", str(wrong))
+    with pytest.raises(ChecksumError) as e:
+        tiny_shakespeare()
+    message = str(e.value)
+    assert f"gptbook train --data {wrong}" in message and "load_token_data(path=...)" in message
+    assert "unset it" in message and "verify=False" in message
+    with pytest.raises(ChecksumError) as e:  # a path given directly gets no advice about GPTBOOK_DATA
+        tiny_shakespeare(wrong)
+    assert "GPTBOOK_DATA" not in str(e.value) and "--data" in str(e.value)

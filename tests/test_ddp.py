@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from gptbook.train import load_checkpoint, read_metrics
+from gptbook.checkpoint import load_checkpoint
+from gptbook.runs import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 TOL = 1e-4

@@ -323,7 +323,7 @@ def test_decay_embeddings_too_puts_the_embedding_in_the_decayed_group(tmp_path):
     full = load_token_data("char")
     data = TokenData(full.train[:5_000], full.val[:1_000], full.tokenizer)
     net = E.build_model("wd_embeddings", data.vocab_size, 0)
-    trainer = Trainer(net, data, E.train_config("wd_embeddings", 0, tmp_path), net.config)
+    trainer = Trainer(net, data, E.train_config("wd_embeddings", 0, tmp_path))
     before = trainer.optimizer.param_groups[0]["params"]
     assert not any(p is net.wte.weight for p in before), "the book's rule: the embedding is not decayed"
     E.decay_embeddings_too(trainer)

@@ -1,12 +1,14 @@
-"""gptbook.hf against `transformers` (a dev dependency): random tiny GPT-2 and Llama models saved with
-save_pretrained, loaded with GPT.from_hf, equal logits; save_hf folders that transformers loads with equal logits;
+"""gptbook.weights and gptbook.hf against `transformers` (a dev dependency): random tiny GPT-2 and Llama models saved
+with save_pretrained, loaded with GPT.from_hf, equal logits; save_hf folders that transformers loads with equal logits;
 hub names through a faked snapshot_download (nothing touches the network); nanoGPT checkpoints read with
-weights_only; and clear errors for files that do not fit."""
+weights_only; and one clear line for every file that does not fit, hostile ones included."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -19,14 +21,16 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
+import gptbook.config  # noqa: E402
 from gptbook.data import load_token_data  # noqa: E402
-from gptbook.hf import clean_state_dict, config_from_hf, from_nanogpt, hf_folder, load_hf, nanogpt_key  # noqa: E402
-from gptbook.hf import save_hf  # noqa: E402
+from gptbook.hf import from_nanogpt, load_hf, nanogpt_key, save_hf  # noqa: E402
+from gptbook.weights import clean_state_dict, config_from_hf, hf_folder, load_nanogpt  # noqa: E402
 from gptbook.model import GPT, GPTConfig  # noqa: E402
 from gptbook.tokenizer import GPT2_PATTERN, BPETokenizer, CharTokenizer  # noqa: E402
 from gptbook.train import TrainConfig, train  # noqa: E402
 
 transformers.logging.set_verbosity_error()
+ROOT = Path(__file__).resolve().parents[1]
 ATOL = 1e-5  # float32 on both sides; measured differences are ~1e-6
 
 
@@ -258,8 +262,9 @@ def test_unsupported_llama_options(changes, message):
         config_from_hf(cfg)
 
 
-def test_config_from_hf_older_llama_keys():
+def test_config_from_hf_older_llama_keys(monkeypatch):
     "Older transformers write rope_theta at the top level and no rope_parameters."
+    monkeypatch.setattr(gptbook.config, "_memory_bytes", lambda: 1 << 40)  # 27 GB of weights: say the machine has them
     cfg = dict(
         architectures=["LlamaForCausalLM"],
         model_type="llama",
@@ -306,13 +311,15 @@ def test_clean_state_dict():
     assert clean_state_dict({"blocks.0.module.x": 1}) == {"blocks.0.module.x": 1}  # only prefixes are stripped
 
 
-def test_model_does_not_import_hf():
-    "gptbook.hf imports gptbook.model; the model imports gptbook.hf only inside GPT.from_hf, so there is no circle."
-    import subprocess
-    import sys
-
-    code = "import sys, gptbook.model; assert 'gptbook.hf' not in sys.modules"
-    subprocess.run([sys.executable, "-c", code], check=True)
+def test_the_reader_gpt_from_hf_imports_never_imports_the_model():
+    "GPT.from_hf imports gptbook.weights, which imports no model (no circle); gptbook.hf names the same load_hf."
+    code = (
+        "import sys, gptbook.weights; assert 'gptbook.model' not in sys.modules, 'weights imports the model'\n"
+        "import gptbook.model; assert 'gptbook.hf' not in sys.modules\n"
+        "import gptbook.hf; assert gptbook.hf.load_hf is gptbook.weights.load_hf and 'load_hf' in gptbook.hf.__all__"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
 
 
 # --- save_hf: our models as folders that transformers loads --------------------------------------------------------
@@ -450,6 +457,41 @@ def test_save_hf_replaces_atomically(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["hf"]  # no temporary folder left behind
 
 
+def test_save_hf_refuses_a_folder_holding_other_files_and_removes_nothing(tmp_path):
+    "save_hf once replaced whatever was at its path, a training run's checkpoints included."
+    model = randomized(small_config())
+    run = tmp_path / "run"
+    (run / "ckpt_0000020").mkdir(parents=True)
+    (run / "ckpt_0000020" / "model.safetensors").write_bytes(b"weights")
+    (run / "metrics.jsonl").write_text("{}\n")
+    (run / "config.json").write_text("{}")
+    before = sorted(p.relative_to(run) for p in run.rglob("*"))
+    with pytest.raises(FileExistsError, match=r"holds 2 file\(s\) that are not a saved model's") as e:
+        save_hf(model, run)
+    assert str(run) in str(e.value) and "\n" not in str(e.value)
+    assert sorted(p.relative_to(run) for p in run.rglob("*")) == before  # nothing removed, nothing written
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="is a file, not a folder"):
+        save_hf(model, tmp_path / "notes.txt")
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+    (tmp_path / "empty").mkdir()
+    assert (save_hf(model, tmp_path / "empty") / "model.safetensors").is_file()  # an empty folder is fine
+    save(tiny_gpt2(), tmp_path / "theirs")  # transformers' own files, generation_config.json among them
+    save_hf(model, tmp_path / "theirs")  # an earlier save is replaced whole
+    assert sorted(p.name for p in (tmp_path / "theirs").iterdir()) == ["config.json", "model.safetensors"]
+
+
+def test_save_hf_refuses_nan_weights_and_what_is_not_a_gpt(tmp_path):
+    model = randomized(small_config())
+    with torch.no_grad():
+        model.blocks[1].mlp.c_fc.weight[0, 0] = float("nan")
+    with pytest.raises(ValueError, match=r"blocks\.1\.mlp\.c_fc\.weight holds NaN or infinite weights"):
+        save_hf(model, tmp_path / "hf")
+    with pytest.raises(TypeError, match="save_hf saves a gptbook GPT, got a Linear"):
+        save_hf(torch.nn.Linear(2, 2), tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()
+
+
 HF_ROUND_TRIPS = {
     "gpt2": tiny_gpt2,
     "gpt2-untied": lambda: tiny_gpt2(tie_word_embeddings=False),
@@ -504,6 +546,23 @@ def test_hub_name_without_huggingface_hub(monkeypatch):
     with pytest.raises(ImportError, match=r'pip install "gptbook\[hf\]", or pass a local folder') as e:
         load_hf("openai-community/gpt2")
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("offline", [False, True])
+def test_the_offline_message_names_hf_hub_offline_only_when_it_is_set(monkeypatch, offline):
+    import huggingface_hub
+    from huggingface_hub import constants
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    def unreachable(repo_id, allow_patterns):
+        raise LocalEntryNotFoundError("cannot reach the hub")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", unreachable)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
+    with pytest.raises(FileNotFoundError, match="not in the cache") as e:
+        load_hf("someone/tiny-gpt2")
+    assert ("unset HF_HUB_OFFLINE" in str(e.value)) == offline
+    assert ("connect to the network" in str(e.value)) == (not offline)
 
 
 def test_hub_name_offline_with_empty_cache(tmp_path):
@@ -592,6 +651,8 @@ def test_from_nanogpt_logits(tmp_path, bias, compiled):
     args = NANOGPT_ARGS | {"bias": bias}
     sd = nanogpt_state_dict(bias)
     model = from_nanogpt(write_nanogpt_ckpt(tmp_path / "ckpt.pt", sd, args, compiled=compiled))
+    config, state_dict = load_nanogpt(tmp_path / "ckpt.pt")  # the reader from_nanogpt builds on: no model built
+    assert config == model.config and state_dict.keys() == model.state_dict().keys()
     c = model.config
     assert (c.n_layers, c.n_heads, c.d_model, c.max_seq_len, c.vocab_size) == (4, 4, 128, 64, 65)
     assert (c.ffn, c.bias, c.tie_weights, c.positions, c.norm) == ("gelu", bias, True, "learned", "layernorm")
@@ -648,3 +709,185 @@ def test_from_nanogpt_errors(tmp_path):
         from_nanogpt(
             write_nanogpt_ckpt(tmp_path / "c.pt", sd | {"transformer.extra.weight": torch.zeros(2)}, NANOGPT_ARGS)
         )
+
+
+def test_from_nanogpt_refuses_every_pickled_call_as_code_not_damage(tmp_path):
+    "torch 2.13 words the refusal 'unsupported GLOBAL posix.system': reported as code that did not run, not as damage."
+    import pickle
+
+    marker = tmp_path / "pwned"
+
+    class System:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    torch.save({"model": {"x": System()}, "model_args": NANOGPT_ARGS}, tmp_path / "torchsave.pt")
+    (tmp_path / "plain.pkl").write_bytes(pickle.dumps({"model": System()}, protocol=4))
+    for name in ("torchsave.pt", "plain.pkl"):
+        with pytest.raises(ValueError, match=r"asks to call \w+\.system while loading") as e:
+            from_nanogpt(tmp_path / name)
+        assert "none of its code ran" in str(e.value) and "damaged" not in str(e.value)
+    assert not marker.exists()
+
+
+def _model_ints(sd):
+    return {k: 1 for k in sd}
+
+
+@pytest.mark.parametrize(
+    "make,match",
+    [
+        (lambda p, sd: p.write_bytes(b""), r"is empty \(0 bytes\)"),
+        (lambda p, sd: torch.save({"model": [1, 2], "model_args": NANOGPT_ARGS}, p), "'model' is a list, not a dict"),
+        (lambda p, sd: torch.save({"model": _model_ints(sd), "model_args": NANOGPT_ARGS}, p), "is a int, not floating"),
+        (lambda p, sd: torch.save({"model": sd, "model_args": [1, 2]}, p), "model_args"),
+        (lambda p, sd: torch.save({"model": sd, "model_args": NANOGPT_ARGS | {"dropout": "x"}}, p), "dropout"),
+        (
+            lambda p, sd: torch.save(
+                {"model": sd | {"transformer.wte.weight": torch.ones(65, 128).long()}, "model_args": NANOGPT_ARGS}, p
+            ),
+            "dtype torch.int64, not floating",
+        ),  # fmt: skip
+        (
+            lambda p, sd: torch.save({"model": {k: v.bool() for k, v in sd.items()}, "model_args": NANOGPT_ARGS}, p),
+            "dtype torch.bool",
+        ),  # fmt: skip
+        (
+            lambda p, sd: torch.save(
+                {"model": {k: v * float("nan") for k, v in sd.items()}, "model_args": NANOGPT_ARGS}, p
+            ),
+            "holds NaN or infinite weights",
+        ),  # fmt: skip
+    ],
+    ids=["empty", "model_list", "model_ints", "args_list", "args_dropout", "int_weights", "bool_weights", "nan"],
+)
+def test_a_malformed_nanogpt_checkpoint_is_one_value_error_naming_it(tmp_path, make, match):
+    path = tmp_path / "ckpt.pt"
+    make(path, nanogpt_state_dict())
+    with pytest.raises(ValueError, match=match) as e:
+        from_nanogpt(path)
+    assert str(path) in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_nan_or_integer_hf_weights_are_refused_naming_tensor_and_file(tmp_path):
+    save(tiny_gpt2(), tmp_path)
+    good = load_file(tmp_path / "model.safetensors")
+    for bad, match in (
+        (good["transformer.h.1.attn.c_proj.weight"] * float("nan"), "holds NaN or infinite weights"),
+        (good["transformer.h.1.attn.c_proj.weight"].long(), "is dtype torch.int64, not floating-point weights"),
+        (good["transformer.h.1.attn.c_proj.weight"] > 0, "is dtype torch.bool"),
+    ):
+        save_file(good | {"transformer.h.1.attn.c_proj.weight": bad}, tmp_path / "model.safetensors")
+        with pytest.raises(ValueError, match=match) as e:
+            GPT.from_hf(tmp_path)
+        assert "'transformer.h.1.attn.c_proj.weight'" in str(e.value) and "model.safetensors" in str(e.value)
+    save_file(good | {"transformer.wte.weight": good["transformer.wte.weight"].half()}, tmp_path / "model.safetensors")
+    assert GPT.from_hf(tmp_path).wte.weight.dtype == torch.float32  # float16 is weights: read and widened
+
+
+def test_absurd_sizes_are_refused_before_anything_is_built(tmp_path):
+    "A 1 KB edit once cost 30-140 s and 5.5 GB (a plan of 10**8 layers, a meta GPT of 10**7 blocks): now one line."
+    save(tiny_gpt2(), tmp_path / "gpt2")
+    save(tiny_llama(False), tmp_path / "llama")
+    for folder, key in ((tmp_path / "gpt2", "n_layer"), (tmp_path / "llama", "num_hidden_layers")):
+        shutil.copytree(folder, folder.with_name(folder.name + "_big"))
+        edit_config(folder.with_name(folder.name + "_big"), **{key: 10**8})
+    sd = nanogpt_state_dict()
+    write_nanogpt_ckpt(tmp_path / "big.pt", sd, NANOGPT_ARGS | {"n_layer": 10**7})
+    script = textwrap.dedent(f"""
+        import resource, time
+        resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))  # the old code needed 5.5 GB
+        from gptbook.model import GPT
+        from gptbook.hf import from_nanogpt
+        for load, path in [(GPT.from_hf, "gpt2_big"), (GPT.from_hf, "llama_big"), (from_nanogpt, "big.pt")]:
+            t0 = time.perf_counter()
+            try:
+                load({str(tmp_path)!r} + "/" + path)
+            except ValueError as e:
+                print(round(time.perf_counter() - t0, 1), "|", e)
+        """)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    lines = r.stdout.splitlines()
+    assert len(lines) == 3, r.stdout + r.stderr[-2000:]
+    for line, name in zip(lines, ("gpt2_big/config.json", "llama_big/config.json", "big.pt")):
+        seconds, message = line.split(" | ")
+        assert float(seconds) < 10 and name in message and "n_layers=" in message, line
+        assert "more than this machine's" in message, message
+
+
+# --- folders that are not what they claim (moved from test_bad_input) ------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def llama_folder(tmp_path_factory):
+    return save(tiny_llama(False), tmp_path_factory.mktemp("hf") / "llama", max_shard_size="20KB")
+
+
+def _copy(folder: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(folder, tmp_path / folder.name))
+
+
+def test_a_shard_outside_the_folder_is_refused(llama_folder, tmp_path):
+    folder = _copy(llama_folder, tmp_path)
+    index = folder / "model.safetensors.index.json"
+    contents = json.loads(index.read_text())
+    shard = sorted(set(contents["weight_map"].values()))[0]
+    (tmp_path / "elsewhere").mkdir()
+    shutil.move(folder / shard, tmp_path / "elsewhere" / shard)  # the old loader read it from there
+    for bad in (f"../elsewhere/{shard}", str(tmp_path / "elsewhere" / shard), ".", ""):
+        contents["weight_map"] = {k: bad if v == shard else v for k, v in contents["weight_map"].items()}
+        index.write_text(json.dumps(contents))
+        with pytest.raises(ValueError, match="which is not a file inside"):
+            load_hf(folder)
+        contents["weight_map"] = {k: shard if v == bad else v for k, v in contents["weight_map"].items()}
+
+
+def _set(key, value):
+    "An edit of config.json that sets one key."
+    return lambda text: json.dumps({**json.loads(text), key: value})
+
+
+def _drop(key):
+    return lambda text: json.dumps({k: v for k, v in json.loads(text).items() if k != key})
+
+
+@pytest.mark.parametrize(
+    "edit,match",
+    [
+        (lambda text: text[:30], r"config\.json is not a valid JSON file"),
+        (lambda text: text.encode("utf-16"), r"config\.json is not a valid JSON file"),
+        (lambda text: "[1, 2]", r"config\.json holds a list, not the JSON object"),
+        (_drop("num_hidden_layers"), r"config\.json has no 'num_hidden_layers', which a llama config must have"),
+        (_set("architectures", "LlamaForCausalLM"), r"config\.json has architectures='LlamaForCausalLM'"),
+        (_set("num_attention_heads", "4"), r"config\.json: "),
+        (_set("num_hidden_layers", 0), r"config\.json: n_layers must be at least 1, got 0"),
+        (_set("rope_parameters", {"rope_theta": "fast"}), r"config\.json: could not convert"),
+        (_set("rope_parameters", "fast"), r"config\.json: "),
+        (_set("max_position_embeddings", 10**10), r"config\.json: max_seq_len=10,000,000,000 makes a model of"),
+    ],
+)
+def test_a_malformed_config_is_one_line_naming_config_json(llama_folder, tmp_path, edit, match):
+    folder = _copy(llama_folder, tmp_path)
+    cfg_file = folder / "config.json"
+    new = edit(cfg_file.read_text())
+    if isinstance(new, bytes):
+        cfg_file.write_bytes(new)
+    else:
+        cfg_file.write_text(new)
+    with pytest.raises(ValueError, match=match) as e:
+        load_hf(folder)
+    assert str(cfg_file) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_damaged_shard_names_the_file(llama_folder, tmp_path):
+    folder = _copy(llama_folder, tmp_path)
+    shard = sorted(folder.glob("*.safetensors"))[0]
+    shard.write_bytes(shard.read_bytes()[:100])
+    with pytest.raises(ValueError, match=rf"{shard.name} cannot be read .*download it again"):
+        load_hf(folder)
+
+
+def test_the_checked_folder_still_loads(llama_folder):
+    assert GPT.from_hf(llama_folder).config.max_seq_len == 32
+    config, state_dict = load_hf(llama_folder)
+    assert config.n_layers == 3 and state_dict["lm_head.weight"].dtype == torch.float32

@@ -226,23 +226,27 @@ def test_scratch_mirror_never_imports_torch():
     assert r.returncode == 0, r.stderr[-2000:]
 
 
-# The module map of DESIGN.md: what each module may import from the package (imports point one way). options
-# and checkpoint are leaves (plain settings; plain files and tensors), so any module may use them.
+# The module map: what each module may import from the package (imports point one way, function-level imports
+# included). files and options are the leaves; the chapter modules import each other in chapter order; the
+# engineering modules (checkpoint, runs, hf, cli) sit above them; nothing imports gptbook.book.
 ALLOWED_IMPORTS = {
     "options": set(),
     "files": set(),
-    "checkpoint": {"files"},
-    "tokenizer": {"files"},
+    "tokenizer": {"files", "adapters"},
+    "adapters": set(),  # theirs (tiktoken, Hugging Face) wrapped in the few methods gptbook calls
     "positions": {"options"},
     "attention": {"options", "positions"},
     "layers": {"options", "attention"},
-    "config": {"options", "attention", "layers", "positions"},
-    "model": {"options", "positions", "attention", "layers", "config", "checkpoint", "hf"},  # hf: in from_hf
-    "data": {"tokenizer", "files"},
-    "train": {"options", "files", "checkpoint", "tokenizer", "config", "model", "data"},
-    "sample": {"options"},  # duck-types the model: no model, no trainer
-    "hf": {"options", "files", "checkpoint", "tokenizer", "positions", "config", "model"},
-    "cli": {"options", "checkpoint", "tokenizer", "config", "model", "train", "sample", "hf"},
+    "config": {"options", "attention", "layers", "positions", "files"},
+    "model": {"attention", "config", "layers", "positions", "weights"},  # weights: the reader behind GPT.from_hf
+    "weights": {"config", "positions"},  # reads nanoGPT and Hugging Face weights into our names; builds no model
+    "data": {"adapters", "tokenizer", "files"},
+    "checkpoint": {"files", "config", "model", "tokenizer"},
+    "runs": {"checkpoint", "config", "data", "files", "model", "options", "tokenizer"},
+    "train": {"checkpoint", "config", "data", "model", "options", "runs"},
+    "sample": {"adapters", "options", "tokenizer"},  # duck-types the model: no model, no trainer
+    "hf": {"config", "files", "model", "positions", "weights"},
+    "cli": {"checkpoint", "config", "files", "hf", "model", "options", "sample", "tokenizer", "runs", "train"},
     "inspect": {"positions", "attention"},  # hooks on the model's own layers; the attention-only model reuses them
 }
 
@@ -265,22 +269,46 @@ def _package_imports(path: Path) -> tuple[set[str], set[str]]:
 
 def test_imports_point_one_way():
     for name, allowed in ALLOWED_IMPORTS.items():
-        top, anywhere = _package_imports(ROOT / "gptbook" / f"{name}.py")
+        _, anywhere = _package_imports(ROOT / "gptbook" / f"{name}.py")
         assert anywhere <= allowed, f"gptbook.{name} imports {sorted(anywhere - allowed)}"
-        if name == "model":
-            assert "hf" not in top, "gptbook.hf imports gptbook.model: import it inside GPT.from_hf only"
     found = {p.stem for p in (ROOT / "gptbook").glob("*.py")} - {"__init__", "__main__", "_modidx"}
     assert found == set(ALLOWED_IMPORTS), f"add {sorted(found - set(ALLOWED_IMPORTS))} to the module map"
 
 
-def test_inference_never_imports_the_trainer():
-    "Loading a checkpoint and sampling from it needs no trainer (no tqdm, no torch.distributed set-up)."
+def test_no_import_circle_even_through_imports_inside_functions():
+    graph = {name: _package_imports(ROOT / "gptbook" / f"{name}.py")[1] for name in ALLOWED_IMPORTS}
+    done: set[str] = set()
+
+    def visit(name, path):
+        assert name not in path, f"import circle: {' -> '.join([*path, name])}"
+        if name not in done:
+            for dep in graph.get(name, ()):
+                visit(dep, [*path, name])
+            done.add(name)
+
+    for name in graph:
+        visit(name, [])
+
+
+def test_nothing_in_the_library_imports_the_books_helpers():
+    for path in (ROOT / "gptbook").rglob("*.py"):
+        if "book" not in path.relative_to(ROOT / "gptbook").parts:
+            _, anywhere = _package_imports(path)
+            assert not any(m == "book" or m.startswith("book.") for m in anywhere), path
+
+
+def test_sampling_and_the_tokenizer_load_only_what_they_need():
+    "The tokenizer loads no torch; loading a checkpoint, sampling and the `gptbook sample` command load no trainer."
     code = (
-        "import sys, gptbook.model, gptbook.sample, gptbook.tokenizer, gptbook.hf\n"
-        "assert 'gptbook.train' not in sys.modules, 'gptbook.train was imported'\n"
-        "assert hasattr(gptbook.model.GPT, 'from_checkpoint') and hasattr(gptbook.tokenizer, 'load_tokenizer')\n"
+        "import sys, gptbook.tokenizer\n"
+        "assert 'torch' not in sys.modules, 'gptbook.tokenizer loaded torch'\n"
+        "import gptbook.checkpoint, gptbook.sample, gptbook.hf, gptbook.cli\n"
+        "from gptbook.cli import build_parser\n"
+        "build_parser('sample').parse_args(['sample', 'out'])\n"
+        "loaded = [m for m in ('gptbook.train', 'gptbook.runs') if m in sys.modules]\n"
+        "assert not loaded, loaded\n"
     )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    r = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-2000:]
 
 
@@ -352,3 +380,58 @@ def test_release_workflow():
     assert job["permissions"]["id-token"] == "write", "PyPI trusted publishing needs an OIDC token"
     assert any(u.startswith("pypa/gh-action-pypi-publish@") for u in _uses(job))
     assert "python -m build" in _run_lines(job)
+
+
+def test_every_guarantee_of_the_checkpoints_appendix_names_a_test_that_exists():
+    "Appendix A2 lists the run folder's guarantees with the tests that prove them: those tests must exist."
+    import ast
+
+    text = json.dumps(json.loads((ROOT / "nbs" / "A2_checkpoints.ipynb").read_text())["cells"])
+    cited, file = [], None
+    for m in re.finditer(r"(?:(test_\w+)\.py)?::(test_\w+)|`::(test_\w+)`", text):
+        file = m.group(1) or file
+        cited.append((file, m.group(2) or m.group(3)))
+    assert len(cited) >= 10, cited
+    for file, name in cited:
+        tree = ast.parse((ROOT / "tests" / f"{file}.py").read_text())
+        assert name in {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}, f"{file}.py::{name}"
+
+
+def _code_lines(node, lines, doc: set) -> int:
+    "Lines of a definition that hold code: not blank, not a comment, not its docstring."
+    span = range(node.lineno, node.end_lineno + 1)
+    return sum(1 for i in span if i not in doc and lines[i - 1].strip() and not lines[i - 1].strip().startswith("#"))
+
+
+def test_no_function_is_longer_than_a_screen():
+    "At most 40 code lines a function (docstrings and comments aside), across the package."
+    import ast
+
+    too_long = []
+    for path in sorted((ROOT / "gptbook").rglob("*.py")):
+        src = path.read_text()
+        tree, lines = ast.parse(src), src.splitlines()
+        doc = set()
+        for n in ast.walk(tree):
+            body = getattr(n, "body", None)
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Module)) and body:
+                first = body[0]
+                if isinstance(first, ast.Expr) and isinstance(getattr(first, "value", None), ast.Constant):
+                    doc |= set(range(first.lineno, first.end_lineno + 1))
+        for n in ast.walk(tree):
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and _code_lines(n, lines, doc) > 40:
+                too_long.append(f"{path.relative_to(ROOT)}:{n.lineno} {n.name} ({_code_lines(n, lines, doc)})")
+    assert not too_long, too_long
+
+
+def test_no_exported_cell_is_longer_than_120_lines():
+    "A chapter shows its library code in cells a reader can take in: at most 120 lines each."
+    long_cells = []
+    for nb in sorted((ROOT / "nbs").rglob("*.ipynb")):
+        for cell in json.loads(nb.read_text())["cells"]:
+            src = "".join(cell["source"])
+            if cell["cell_type"] == "code" and re.search(r"^#\|\s*exports?\b", src, re.M):
+                n = sum(1 for line in src.splitlines() if line.strip() and not line.startswith("#|"))
+                if n > 120:
+                    long_cells.append(f"{nb.name} {cell['id']} ({n} lines)")
+    assert not long_cells, long_cells

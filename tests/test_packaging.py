@@ -42,6 +42,8 @@ def test_wheel_installs_and_imports_without_dev_tools(tmp_path):
         "names = [m.name for m in mods if m.name != 'gptbook.__main__']\n"
         "for name in names: importlib.import_module(name)\n"
         "assert 'gptbook.data' in names\n"
+        "from gptbook.book.widgets import bpe_stepper\n"
+        "assert 'fill: function' in bpe_stepper({}, [b'ab'])._repr_html_()  # the scripts are package data\n"
         "print(gptbook.__version__, len(names))\n"
     )
     out = _run([py, "-c", check], cwd=tmp_path).stdout  # cwd outside the repo: import the installed wheel

@@ -1,13 +1,14 @@
 """Tests for gptbook.sample: filters against a NumPy reference and hypothesis properties; generation
 with and without the KV cache (a stand-in model and the real GPT, every position type and GQA, past
 max_seq_len); seeded reproducibility; batches of ragged prompts vs one by one; UTF-8 streaming and
-stop strings; SamplingConfig: checked once per call, keywords overriding it, the filters' checks the same."""
+stop strings; SamplingConfig: the only check of the settings, once per call, given as keywords or as config=."""
 
 import codecs
 import dataclasses
 import inspect
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,8 @@ from torch import nn
 import gptbook.options
 import gptbook.sample
 from gptbook.options import OptionError
+from gptbook.adapters import TokenizerAdapter, as_tokenizer
+from gptbook.tokenizer import BPETokenizer, CharTokenizer
 from gptbook.sample import (
     SamplingConfig,
     apply_repetition_penalty,
@@ -93,6 +96,11 @@ def _finite_set(t):
 # ---------------------------------------------------------------- filters vs reference
 
 
+def seen_mask(context, vocab_size):
+    "The tokens of `context` (..., T) as the mask (..., vocab_size) apply_repetition_penalty takes."
+    return torch.zeros(*context.shape[:-1], vocab_size, dtype=torch.bool).scatter(-1, context, True)
+
+
 def test_filters_match_reference_on_random_logits():
     g = np.random.default_rng(0)
     for _ in range(200):
@@ -108,7 +116,9 @@ def test_filters_match_reference_on_random_logits():
         ctx = g.integers(0, V, int(g.integers(1, 20)))
         pen = float(g.uniform(0.5, 2))
         np.testing.assert_allclose(
-            apply_repetition_penalty(t, torch.tensor(ctx), pen).numpy(), ref_repetition(z, ctx, pen), rtol=1e-12
+            apply_repetition_penalty(t, seen_mask(torch.tensor(ctx), V), pen).numpy(),
+            ref_repetition(z, ctx, pen),
+            rtol=1e-12,
         )
 
 
@@ -117,10 +127,10 @@ def test_filters_batched_rows_are_independent():
     z = torch.randn(7, 50, generator=g) * 3
     for f in [lambda x: top_k_filter(x, 5), lambda x: top_p_filter(x, 0.8), lambda x: min_p_filter(x, 0.1)]:
         torch.testing.assert_close(f(z), torch.stack([f(row) for row in z]))
-    ctx = torch.randint(50, (7, 9), generator=g)
+    seen = seen_mask(torch.randint(50, (7, 9), generator=g), 50)
     torch.testing.assert_close(
-        apply_repetition_penalty(z, ctx, 1.3),
-        torch.stack([apply_repetition_penalty(r, c, 1.3) for r, c in zip(z, ctx)]),
+        apply_repetition_penalty(z, seen, 1.3),
+        torch.stack([apply_repetition_penalty(r, c, 1.3) for r, c in zip(z, seen)]),
     )
 
 
@@ -191,63 +201,50 @@ def test_filters_never_remove_every_token(z, T, k, p, m):
 
 
 @pytest.mark.parametrize(
-    "call, msg",
+    "field, bad, msg",
     [
-        (lambda z: apply_temperature(z, -1.0), "temperature must be >= 0, got -1.0 (0 means greedy"),
-        (lambda z: apply_temperature(z, math.nan), "temperature must be a finite number, got nan"),
-        (lambda z: apply_temperature(z, math.inf), "temperature must be a finite number, got inf"),
-        (lambda z: top_k_filter(z, 0), "top_k must be at least 1, got 0"),
-        (lambda z: top_k_filter(z, None), "top_k must be an integer, got None"),
-        (lambda z: top_p_filter(z, 0.0), "top_p must be in (0, 1]"),
-        (lambda z: top_p_filter(z, 1.01), "top_p must be in (0, 1]"),
-        (lambda z: min_p_filter(z, -0.1), "min_p must be in [0, 1]"),
-        (lambda z: apply_repetition_penalty(z, torch.tensor([0]), -1.0), "repetition_penalty must be"),
+        ("temperature", -1.0, "temperature must be >= 0, got -1.0 (0 means greedy"),
+        ("temperature", math.nan, "temperature must be a finite number, got nan"),
+        ("temperature", math.inf, "temperature must be a finite number, got inf"),
+        ("temperature", "hot", "temperature must be a number, got 'hot'"),
+        ("top_k", 0, "top_k must be at least 1, got 0"),
+        ("top_k", 2.5, "top_k must be an integer, got 2.5"),
+        ("top_p", 0.0, "top_p must be in (0, 1]"),
+        ("top_p", 1.01, "top_p must be in (0, 1]"),
+        ("top_p", True, "top_p must be a number, got True"),
+        ("min_p", -0.1, "min_p must be in [0, 1]"),
+        ("repetition_penalty", -1.0, "repetition_penalty must be positive"),
+        ("max_new_tokens", -1, "max_new_tokens must be in [0, 1000000]"),
     ],
 )
-def test_filter_bad_values_raise_option_error(call, msg):
-    with pytest.raises(OptionError) as e:
-        call(torch.randn(5))
-    assert msg in str(e.value)
-    assert "\n" not in str(e.value)
+def test_bad_settings_are_one_line_naming_the_field(field, bad, msg):
+    with pytest.raises(OptionError, match=re.escape(msg)) as e:
+        SamplingConfig(**{field: bad})
+    assert e.value.field == field and "\n" not in str(e.value)
 
 
-def test_filter_bad_types():
-    with pytest.raises(OptionError, match="top_k must be an integer, got 2.5"):
-        top_k_filter(torch.randn(5), 2.5)
-    with pytest.raises(OptionError, match="temperature must be a number, got 'hot'"):
-        apply_temperature(torch.randn(3), "hot")
-    with pytest.raises(OptionError, match="top_p must be a number, got True"):
-        top_p_filter(torch.randn(3), True)
-    with pytest.raises(TypeError, match="floating-point"):
-        top_p_filter(torch.tensor([1, 2]), 0.5)
-    with pytest.raises(TypeError, match="floating-point"):
-        sample_next_token([[1.0, 2.0]])
+def test_filters_check_only_their_logits():
+    "The settings were checked by SamplingConfig; a filter refuses only logits that are not a float tensor."
+    for call in [
+        lambda z: apply_temperature(z, 0.5),
+        lambda z: top_k_filter(z, 2),
+        lambda z: top_p_filter(z, 0.5),
+        lambda z: min_p_filter(z, 0.1),
+        lambda z: apply_repetition_penalty(z, torch.ones(2, dtype=torch.bool), 1.2),
+        lambda z: sample_next_token(z),
+    ]:
+        with pytest.raises(TypeError, match="floating-point"):
+            call(torch.tensor([[1, 2]]))
+        with pytest.raises(TypeError, match="floating-point"):
+            call([[1.0, 2.0]])
 
 
-@pytest.mark.parametrize(
-    "name, bad",
-    [("temperature", -1), ("temperature", "hot"), ("top_k", 0), ("top_k", 1.5), ("top_p", 0), ("top_p", 1.5)]
-    + [("min_p", -0.1), ("min_p", 2), ("repetition_penalty", 0), ("repetition_penalty", math.inf)],
-)
-def test_filters_and_config_share_one_check(name, bad):
-    "The public filters refuse exactly what SamplingConfig refuses, with the same message."
-    with pytest.raises(OptionError) as from_config:
+@pytest.mark.parametrize("name", ["temperature", "top_p", "min_p", "repetition_penalty"])
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_float_settings_refuse_nan_and_inf(name, bad):
+    with pytest.raises(OptionError, match=f"{name} must be a finite number") as e:
         SamplingConfig(**{name: bad})
-    z = torch.randn(2, 5)
-    calls = {
-        "temperature": lambda: apply_temperature(z, bad),
-        "top_k": lambda: top_k_filter(z, bad),
-        "top_p": lambda: top_p_filter(z, bad),
-        "min_p": lambda: min_p_filter(z, bad),
-        "repetition_penalty": lambda: apply_repetition_penalty(z, torch.zeros(2, 1, dtype=torch.long), bad),
-    }
-    for call in [calls[name], lambda: filter_logits(z, **{name: bad}), lambda: sample_next_token(z, **{name: bad})]:
-        if name == "repetition_penalty" and call is not calls[name]:
-            continue  # filter_logits and sample_next_token take no penalty
-        with pytest.raises(OptionError) as from_filter:
-            call()
-        assert str(from_filter.value) == str(from_config.value)
-        assert from_filter.value.field == name
+    assert e.value.field == name
 
 
 def test_sampling_follows_the_filtered_distribution():
@@ -355,16 +352,8 @@ def test_sampling_matches_reference_with_the_same_generator():
     g_ref = torch.Generator().manual_seed(5)
     with torch.no_grad():
         want = plain_loop(m, idx, 20, lambda z, ctx: pick(z, ctx, g_ref))
-    got = generate(
-        m,
-        idx,
-        20,
-        temperature=0.9,
-        top_k=10,
-        top_p=0.85,
-        repetition_penalty=1.2,
-        generator=torch.Generator().manual_seed(5),
-    )
+    cfg = SamplingConfig(max_new_tokens=20, temperature=0.9, top_k=10, top_p=0.85, repetition_penalty=1.2)
+    got = generate(m, idx, config=cfg, generator=torch.Generator().manual_seed(5))
     assert torch.equal(got, want)
 
 
@@ -390,10 +379,11 @@ def test_ragged_batch_equals_one_by_one(use_cache):
     g = torch.Generator().manual_seed(4)
     prompts = [torch.randint(23, (n,), generator=g).tolist() for n in [1, 6, 3, 6, 14]]  # 14 > max_seq_len
     idx, mask = pad_prompts(prompts, pad_id=7)
-    out = generate(m, idx, 15, temperature=0, use_cache=use_cache, attention_mask=mask, repetition_penalty=1.5)
+    cfg = SamplingConfig(max_new_tokens=15, temperature=0, use_cache=use_cache, repetition_penalty=1.5)
+    out = generate(m, idx, config=cfg, attention_mask=mask)
     assert out.shape == (5, 14 + 15)
     for i, p in enumerate(prompts):
-        alone = generate(m, torch.tensor([p]), 15, temperature=0, use_cache=use_cache, repetition_penalty=1.5)
+        alone = generate(m, torch.tensor([p]), config=cfg)
         assert torch.equal(out[i, 14 - len(p) :], alone[0]), i
         assert (out[i, : 14 - len(p)] == 7).all()  # the padding is kept as given
 
@@ -403,7 +393,9 @@ def test_stop_tokens_end_rows_and_generation():
     idx = torch.randint(23, (4, 3), generator=torch.Generator().manual_seed(6))
     free = generate(m, idx, 20, temperature=1.0, generator=torch.Generator().manual_seed(0))
     stop = [int(free[0, 5]), int(free[1, 8])]
-    out = generate(m, idx, 20, temperature=1.0, generator=torch.Generator().manual_seed(0), stop=stop)
+    out = generate(
+        m, idx, config=SamplingConfig(max_new_tokens=20, stop=stop), generator=torch.Generator().manual_seed(0)
+    )
     for row_free, row in zip(free, out):
         new_free, new = row_free[3:].tolist(), row[3:].tolist()
         hits = [j for j, t in enumerate(new_free) if t in stop]
@@ -415,60 +407,103 @@ def test_stop_tokens_end_rows_and_generation():
     assert out.shape[1] <= free.shape[1]
     # a single row stops early: the output is shorter
     free1 = generate(m, idx[:1], 20, temperature=1.0, generator=torch.Generator().manual_seed(0))[0, 3:].tolist()
-    one = generate(m, idx[:1], 20, temperature=1.0, generator=torch.Generator().manual_seed(0), stop=free1[6])
+    cfg = SamplingConfig(max_new_tokens=20, stop=free1[6])
+    one = generate(m, idx[:1], config=cfg, generator=torch.Generator().manual_seed(0))
     assert one[0, 3:].tolist() == free1[: free1.index(free1[6]) + 1]
 
 
 def test_forced_prompt_tokens_never_trigger_stop():
     m = RunningMeanLM()
     idx, mask = pad_prompts([[1, 2, 3, 4, 5], [9]])
-    out = generate(m, idx, 4, temperature=0, stop=3, attention_mask=mask)  # 3 is in the first prompt
-    alone = generate(m, torch.tensor([[1, 2, 3, 4, 5]]), 4, temperature=0, stop=3)
+    cfg = SamplingConfig(max_new_tokens=4, temperature=0, stop=3)  # 3 is in the first prompt
+    out = generate(m, idx, config=cfg, attention_mask=mask)
+    alone = generate(m, torch.tensor([[1, 2, 3, 4, 5]]), config=cfg)
     assert torch.equal(out[0, : alone.shape[1]], alone[0])
 
 
 @pytest.mark.parametrize(
-    "kwargs, exc, msg",
+    "kwargs, fields, exc, msg",
     [
-        (dict(temperature=-0.1), ValueError, "temperature must be >= 0"),
-        (dict(top_p=0), ValueError, "top_p must be in (0, 1]"),
-        (dict(top_p=2), ValueError, "top_p must be in (0, 1]"),
-        (dict(top_k=0), ValueError, "top_k must be at least 1"),
-        (dict(min_p=3), ValueError, "min_p must be in [0, 1]"),
-        (dict(repetition_penalty=0), ValueError, "repetition_penalty must be"),
-        (dict(stop=99), ValueError, "stop token id 99"),
-        (dict(stop=[]), ValueError, "stop must hold at least one value (None for none)"),
-        (dict(stop=[1, -2]), ValueError, "stop must be >= 0, got -2"),
-        (dict(stop=True), ValueError, "stop must be an integer, got True"),
-        (dict(stop=2.0), ValueError, "stop must be a tuple, got 2.0"),
-        (dict(config=dict(temperature=0)), TypeError, "config must be a SamplingConfig, got dict"),
-        (dict(config=SamplingConfig(stop_strings="\n")), ValueError, "use stream() for stop_strings"),
-        (dict(attention_mask=torch.tensor([[1, 0, 1]])), ValueError, "left padding"),
-        (dict(attention_mask=torch.tensor([[0, 0, 0]])), ValueError, "empty prompt"),
-        (dict(attention_mask=torch.tensor([[1, 1]])), ValueError, "attention_mask must be a tensor of idx's shape"),
+        (dict(temperature=-0.1), {}, ValueError, "temperature must be >= 0"),
+        (dict(top_p=0), {}, ValueError, "top_p must be in (0, 1]"),
+        (dict(top_p=2), {}, ValueError, "top_p must be in (0, 1]"),
+        (dict(top_k=0), {}, ValueError, "top_k must be at least 1"),
+        ({}, dict(min_p=3), ValueError, "min_p must be in [0, 1]"),
+        ({}, dict(repetition_penalty=0), ValueError, "repetition_penalty must be"),
+        ({}, dict(stop=99), ValueError, "stop token id 99 is outside the model's vocabulary 0..22"),
+        ({}, dict(stop=[]), ValueError, "stop must hold at least one value (None for none)"),
+        ({}, dict(stop=[1, -2]), ValueError, "stop must be >= 0, got -2"),
+        ({}, dict(stop=True), ValueError, "stop must be an integer, got True"),
+        ({}, dict(stop=2.0), ValueError, "stop must be a tuple, got 2.0"),
+        ({}, dict(stop_strings="\n"), ValueError, "use stream() for stop_strings"),
+        (dict(config=dict(temperature=0)), {}, TypeError, "config must be a SamplingConfig, got dict"),
+        (dict(attention_mask=torch.tensor([[1, 0, 1]])), {}, ValueError, "left padding"),
+        (dict(attention_mask=torch.tensor([[0, 0, 0]])), {}, ValueError, "at least one"),
+        (dict(attention_mask=torch.tensor([[1, 1]])), {}, ValueError, "attention_mask must have idx's shape (1, 3)"),
     ],
 )
-def test_generate_bad_arguments(kwargs, exc, msg):
+def test_generate_refuses_bad_arguments_before_running_the_model(kwargs, fields, exc, msg):
     m = RunningMeanLM()
-    with pytest.raises(exc) as e:
-        generate(m, torch.tensor([[1, 2, 3]]), 5, **kwargs)
-    assert msg in str(e.value)
+    with pytest.raises(exc, match=re.escape(msg)):  # a bad field fails in SamplingConfig, a bad stop id in generate
+        config = {"config": SamplingConfig(**fields)} if fields else {}
+        generate(m, torch.tensor([[1, 2, 3]]), 5, **kwargs, **config)
     assert m.calls == []  # refused before running the model
 
 
-def test_generate_bad_prompts():
+def test_generate_refuses_bad_prompts():
     m = RunningMeanLM()
     with pytest.raises(ValueError, match="empty prompt"):
         generate(m, torch.zeros(1, 0, dtype=torch.long), 3)
+    with pytest.raises(ValueError, match="empty prompt"):
+        generate(m, torch.zeros(0, 3, dtype=torch.long), 3)
     with pytest.raises(ValueError, match=r"idx\[None\]"):
         generate(m, torch.tensor([1, 2]), 3)
     with pytest.raises(TypeError, match="LongTensor"):
         generate(m, torch.tensor([[1.0, 2.0]]), 3)
-    with pytest.raises(ValueError, match="outside the model's vocabulary 0..22"):
-        generate(m, torch.tensor([[1, 23]]), 3)
-    with pytest.raises(ValueError, match="max_new_tokens must be >= 0"):
+    with pytest.raises(ValueError, match=re.escape("max_new_tokens must be in [0, 1000000]")):
         generate(m, torch.tensor([[1]]), -2)
     assert torch.equal(generate(m, torch.tensor([[1, 2]]), 0), torch.tensor([[1, 2]]))
+
+
+@pytest.mark.parametrize("n", [10**9, 10**21])
+def test_an_absurd_max_new_tokens_is_refused_at_once(n):
+    "W30: `--max-new-tokens 1000000000` (or 10**21) ran without end or output; now one line, before any work."
+    m = RunningMeanLM()
+    for call in [
+        lambda: generate(m, torch.tensor([[1]]), n),
+        lambda: stream(m, CharTokenizer.train("ab"), "ab", n),
+        lambda: generate_steps(m, torch.tensor([[1]]), n),
+    ]:
+        with pytest.raises(OptionError, match=re.escape("max_new_tokens must be in [0, 1000000]")) as e:
+            call()
+        assert e.value.field == "max_new_tokens" and m.calls == []
+
+
+def test_generate_grows_its_buffer_and_gives_the_same_tokens():
+    "Nothing is allocated for tokens not generated yet: the buffer doubles past its first 1,024 columns."
+    m = RunningMeanLM()
+    idx = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    n = 1500
+    out = generate(m, idx, n, temperature=0)
+    steps = torch.stack([tok for tok, _ in generate_steps(m, idx, n, temperature=0)], dim=1)
+    assert out.shape == (2, 3 + n)
+    assert torch.equal(out[:, 3:], steps)
+
+
+def test_the_loop_copies_only_the_window_the_model_sees(monkeypatch):
+    "W30: appending each token to the whole text made long generations quadratic; the loop keeps max_seq_len."
+    widest, real_cat = [0], torch.cat
+
+    def cat(tensors, *args, **kw):
+        out = real_cat(tensors, *args, **kw)
+        widest[0] = max(widest[0], out.size(-1))
+        return out
+
+    monkeypatch.setattr(torch, "cat", cat)
+    m = RunningMeanLM(max_seq_len=12)
+    cfg = SamplingConfig(max_new_tokens=300, temperature=0, repetition_penalty=1.2)
+    steps = list(generate_steps(m, torch.tensor([[1, 2, 3]]), config=cfg))
+    assert len(steps) == 300 and widest[0] == 13  # the window and the new token, never the text (303 tokens)
 
 
 # ---------------------------------------------------------------- UTF-8 streaming
@@ -525,14 +560,9 @@ def test_utf8_incomplete_tail_examples():
     assert utf8_incomplete_tail(b"\xff") == 0  # never valid: nothing to wait for
 
 
-class ByteTok:
-    vocab = {i: bytes([i]) for i in range(256)}
-
-    def encode(self, text):
-        return list(text.encode("utf-8"))
-
-    def decode(self, ids):
-        return bytes(ids).decode("utf-8", errors="replace")
+def ByteTok():
+    "A BPETokenizer with no merges: every byte is one token."
+    return BPETokenizer([])
 
 
 def test_stream_joins_to_the_decoded_generate_output():
@@ -546,14 +576,12 @@ def test_stream_joins_to_the_decoded_generate_output():
 
 
 def test_stream_stops_without_printing_the_stop_token():
-    from gptbook.tokenizer import CharTokenizer
-
     text = "abcdefghijklmnopqrstuvw"
     tok = CharTokenizer.train(text)
     m = RunningMeanLM(vocab_size=tok.vocab_size)
     full = generate(m, torch.tensor([tok.encode("abc")]), 30, temperature=0)[0, 3:].tolist()
     stop = full[4]
-    got = "".join(stream(m, tok, "abc", 30, temperature=0, stop=stop))
+    got = "".join(stream(m, tok, "abc", config=SamplingConfig(max_new_tokens=30, temperature=0, stop=stop)))
     assert got == tok.decode(full[: full.index(stop)])
     with pytest.raises(ValueError, match="empty prompt"):
         stream(m, tok, "", 5)
@@ -581,7 +609,8 @@ def test_stream_stop_strings_cut_just_before_the_first_occurrence(seed, at, widt
     tok = ByteTok()
 
     def run(**kw):
-        return list(stream(m, tok, "héllo", 40, generator=torch.Generator().manual_seed(seed), **kw))
+        cfg = SamplingConfig(max_new_tokens=40, **kw)
+        return list(stream(m, tok, "héllo", config=cfg, generator=torch.Generator().manual_seed(seed)))
 
     text = "".join(run())
     assert "".join(run(stop_strings=NEVER)) == text
@@ -594,7 +623,8 @@ def test_stream_stop_strings_cut_just_before_the_first_occurrence(seed, at, widt
 def forced_bytes(data: bytes, stops, prompt="a"):
     "The pieces `stream` yields when the model is forced to write `data` one byte per token."
     model = ForcedLM(list(data), len(prompt.encode()), 256)
-    return list(stream(model, ByteTok(), prompt, len(data), temperature=0, use_cache=False, stop_strings=stops))
+    cfg = SamplingConfig(max_new_tokens=len(data), temperature=0, use_cache=False, stop_strings=stops)
+    return list(stream(model, ByteTok(), prompt, config=cfg))
 
 
 @pytest.mark.parametrize(
@@ -620,27 +650,23 @@ def test_stream_stop_strings_on_invalid_utf8(data, stops, want):
 
 def test_stream_stop_strings_do_not_depend_on_how_characters_arrive():
     "The same text, one character per token (a CharTokenizer) or one byte per token (U+FFFD glued to the next)."
-    from gptbook.tokenizer import CharTokenizer
-
     data = b"ab\xcfWc\xd47\xcfz"
     text = data.decode("utf-8", errors="replace")
     tok = CharTokenizer.train(text)
     for stops in [("ab\ufffdW", "b\ufffd"), ("W\ufffd7\ufffd", "\ufffd7"), ("c\ufffd7\ufffdz", "7")]:
         model = ForcedLM(tok.encode(text), 1, tok.vocab_size)
-        by_char = "".join(stream(model, tok, "a", len(text), temperature=0, use_cache=False, stop_strings=stops))
+        cfg = SamplingConfig(max_new_tokens=len(text), temperature=0, use_cache=False, stop_strings=stops)
+        by_char = "".join(stream(model, tok, "a", config=cfg))
         assert "".join(forced_bytes(data, stops)) == by_char == first_stop_cut(text, stops), stops
 
 
 def test_stream_holds_back_only_a_possible_stop_string():
-    from gptbook.tokenizer import CharTokenizer
-
     tok = CharTokenizer.train("abcdefghijklmnopqrstuvw\n")
     m = RunningMeanLM(vocab_size=tok.vocab_size)
     text = "".join(stream(m, tok, "abc", 30, temperature=0))
     stop = text[6:9]  # three characters: the stream holds back at most two at a time
-    pieces = list(stream(m, tok, "abc", 30, temperature=0, stop_strings=stop))
+    pieces = list(stream(m, tok, "abc", config=SamplingConfig(max_new_tokens=30, temperature=0, stop_strings=stop)))
     assert "".join(pieces) == text[: text.index(stop)]
-    assert pieces == list(stream(m, tok, "abc", 30, config=SamplingConfig(temperature=0, stop_strings=(stop,))))
 
 
 # ---------------------------------------------------------------- SamplingConfig: one source, checked once per call
@@ -685,24 +711,24 @@ def test_sampling_config_normalises_and_checks_stop():
         cfg.replace(top_k=0)
 
 
-def test_keywords_override_the_config():
+def test_settings_come_as_keywords_or_as_a_config_not_both():
     m = RunningMeanLM()
     idx = torch.randint(23, (2, 3), generator=torch.Generator().manual_seed(7))
 
-    def run(**kw):
-        return generate(m, idx, generator=torch.Generator().manual_seed(0), **kw)
+    def run(*args, **kw):
+        return generate(m, idx, *args, generator=torch.Generator().manual_seed(0), **kw)
 
     cfg = SamplingConfig(max_new_tokens=12, temperature=2.0, top_k=3)
-    assert torch.equal(run(config=cfg), run(max_new_tokens=12, temperature=2.0, top_k=3))
-    assert torch.equal(run(config=cfg, top_k=1), run(max_new_tokens=12, temperature=2.0, top_k=1))
-    assert not torch.equal(run(config=cfg, top_k=1), run(config=cfg))
-    assert torch.equal(run(config=cfg, temperature=0), run(max_new_tokens=12, temperature=0))
-    assert run(config=cfg, max_new_tokens=4).shape == (2, 7)
-    # A keyword at its default cannot be told apart from one not given: the config's value stays.
-    assert torch.equal(run(config=cfg, top_k=None, temperature=1.0), run(config=cfg))
+    assert torch.equal(run(config=cfg), run(12, temperature=2.0, top_k=3))
+    assert torch.equal(run(4, config=cfg), run(config=cfg)[:, : 3 + 4])  # max_new_tokens may go beside a config
     assert not torch.equal(run(config=cfg), run(config=cfg.replace(top_k=None)))
-    steps = list(generate_steps(m, idx, config=cfg.replace(temperature=0), max_new_tokens=3))
+    for keyword in [dict(temperature=0), dict(top_k=1), dict(top_p=0.5), dict(use_cache=False)]:
+        name = next(iter(keyword))
+        with pytest.raises(TypeError, match=f"{name} was given both as a keyword and in config"):
+            run(config=cfg, **keyword)
+    steps = list(generate_steps(m, idx, 3, config=cfg.replace(temperature=0)))
     assert len(steps) == 3
+    assert run().shape == (2, 3 + SamplingConfig().max_new_tokens)  # no length and no config: the config's default
 
 
 def test_the_contract_positional_order():
@@ -718,18 +744,17 @@ def test_the_contract_positional_order():
 
 
 @pytest.mark.parametrize("fn", [generate, generate_steps, stream])
-def test_settings_keywords_mirror_the_config(fn):
-    "Leaving a keyword out means SamplingConfig's default, and the override rule knows every keyword's default."
+def test_the_five_keywords_then_config_and_generator(fn):
+    "The contract's five keywords in order, with SamplingConfig's defaults (max_new_tokens None: the config's)."
     params = inspect.signature(fn).parameters
     names = list(params)
     first = names.index("max_new_tokens")
-    assert names[first : first + 6] == ["max_new_tokens", "temperature", "top_k", "top_p", "use_cache", "config"]
+    five = ["max_new_tokens", "temperature", "top_k", "top_p", "use_cache"]
+    assert names[first:] == [*five, "config", "generator"] + (["attention_mask"] if fn is generate else [])
     assert all(params[n].kind is inspect.Parameter.KEYWORD_ONLY for n in names[first + 5 :])
-    config_defaults = {f.name: f.default for f in dataclasses.fields(SamplingConfig)}
-    settings = [n for n in names if n in config_defaults]
-    for name in settings:
-        assert params[name].default == gptbook.sample._KEYWORD_DEFAULTS[name], name
-        assert name == "max_new_tokens" or params[name].default == config_defaults[name], name
+    defaults = SamplingConfig()
+    assert params["max_new_tokens"].default is None
+    assert all(params[n].default == getattr(defaults, n) for n in five[1:])
 
 
 def test_settings_are_checked_once_per_call_not_per_token(monkeypatch):
@@ -743,18 +768,18 @@ def test_settings_are_checked_once_per_call_not_per_token(monkeypatch):
     monkeypatch.setattr(gptbook.options, "check_value", counting)
     monkeypatch.setattr(gptbook.sample, "check_value", counting)
     m = RunningMeanLM(vocab_size=256)
-    kw = dict(temperature=0.9, top_k=50, top_p=0.95, min_p=0.01, repetition_penalty=1.1)
+    cfg = SamplingConfig(temperature=0.9, top_k=50, top_p=0.95, min_p=0.01, repetition_penalty=1.1)
     counts = []
     for n in [2, 40]:
         checked.clear()
-        out = generate(m, torch.tensor([[1, 2, 3]]), n, **kw, generator=torch.Generator().manual_seed(0))
+        out = generate(m, torch.tensor([[1, 2, 3]]), n, config=cfg, generator=torch.Generator().manual_seed(0))
         assert out.shape == (1, 3 + n)
         counts.append(len(checked))
         checked.clear()
-        "".join(stream(m, ByteTok(), "abc", n, **kw, generator=torch.Generator().manual_seed(0)))
+        "".join(stream(m, ByteTok(), "abc", n, config=cfg, generator=torch.Generator().manual_seed(0)))
         counts.append(len(checked))
     assert counts[0] == counts[2] and counts[1] == counts[3], counts
-    assert counts[0] >= len(dataclasses.fields(SamplingConfig))  # the config itself was checked, once
+    assert counts[0] >= len(dataclasses.fields(SamplingConfig))  # the config itself was checked, once per call
 
 
 # ---------------------------------------------------------------- the real GPT: cache == plain loop
@@ -797,6 +822,14 @@ def test_gpt_cache_equals_plain_loop_past_max_seq_len(name):
     with torch.no_grad():  # and greedy agrees with an independent plain loop
         want = plain_loop(model, idx, 40, lambda z, _: z.argmax(-1))
     assert torch.equal(generate(model, idx, 40, temperature=0), want)
+
+
+def test_prompt_ids_outside_the_vocabulary_are_one_line_from_the_model():
+    model = _random_gpt(GPT_VARIANTS["learned"])
+    with pytest.raises(ValueError, match=r"token id 61 in idx is outside the vocabulary 0..60 \(vocab_size=61\)"):
+        generate(model, torch.tensor([[1, 61]]), 3)
+    with pytest.raises(OptionError, match=r"stop token id 99 .*\(vocab_size=61\)"):
+        generate(model, torch.tensor([[1]]), config=SamplingConfig(max_new_tokens=3, stop=99))
 
 
 def test_gpt_cache_sampling_is_reproducible_and_equals_no_cache():
@@ -866,8 +899,6 @@ class ForcedLM(nn.Module):
 
 
 def streamed(tok, ids, prompt="a"):
-    from gptbook.tokenizer import as_tokenizer
-
     n_prompt = len(as_tokenizer(tok).encode(prompt))
     model = ForcedLM(ids, n_prompt, as_tokenizer(tok).vocab_size)
     pieces = list(stream(model, tok, prompt, len(ids), temperature=0, use_cache=False))
@@ -913,8 +944,6 @@ def tokenizer_kinds():
 
 
 def test_stream_gives_the_exact_text_with_every_tokenizer_kind():
-    from gptbook.tokenizer import TokenizerAdapter, as_tokenizer
-
     for name, tok, ids in tokenizer_kinds():
         for t in (tok, as_tokenizer(tok)):
             pieces = streamed(t, ids)
@@ -928,7 +957,7 @@ def test_stream_gives_the_exact_text_with_every_tokenizer_kind():
 def test_text_decoder_prefix_diff_holds_back_half_characters():
     from gptbook.sample import TextDecoder
 
-    hf = byte_fallback_hf()
+    hf = as_tokenizer(byte_fallback_hf())
     dec = TextDecoder(hf)
     got = [dec.add(i) for i in list("🙂".encode())] + [dec.flush()]
     assert got == ["", "", "", "🙂", ""]

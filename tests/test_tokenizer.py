@@ -2,7 +2,12 @@
 tiktoken and HF tokenizers for the ids, plus round trips, the file format and the error messages."""
 
 import json
+import os
+import subprocess
+import sys
+import textwrap
 import warnings
+from pathlib import Path
 
 import pytest
 import regex
@@ -20,6 +25,9 @@ from gptbook.tokenizer import (
     train_bpe_naive,
 )
 
+from gptbook.adapters import TokenizerAdapter, as_tokenizer, byte_to_char
+
+ROOT = Path(__file__).resolve().parents[1]
 tiktoken = pytest.importorskip("tiktoken")
 tokenizers = pytest.importorskip("tokenizers")
 
@@ -309,18 +317,18 @@ def test_load_tokenizer_dispatches_on_type(tok, tmp_path):
     assert type(char) is CharTokenizer and char.chars == ["e", "h", "l", "o"]
 
 
-def test_files_without_type_are_recognised_by_their_keys(tok, tmp_path):
+def test_a_file_without_type_is_refused_naming_it(tok, tmp_path):
+    'No release wrote a tokenizer file without its "type": such a file is one line, not a guess from its keys.'
     (tmp_path / "char.json").write_text(json.dumps({"chars": ["a", "b"]}), encoding="utf-8")
-    assert load_tokenizer(tmp_path / "char.json").chars == ["a", "b"]
-    assert CharTokenizer.load(tmp_path / "char.json").chars == ["a", "b"]
     tok.save(tmp_path / "tok.json")
     d = json.loads((tmp_path / "tok.json").read_text(encoding="utf-8"))
-    del d["type"], d["version"]
+    del d["type"]
     (tmp_path / "old.json").write_text(json.dumps(d), encoding="utf-8")
-    for back in (load_tokenizer(tmp_path / "old.json"), BPETokenizer.load(tmp_path / "old.json")):
-        assert type(back) is BPETokenizer and back.merges == tok.merges and back.special_tokens == tok.special_tokens
-    with pytest.raises(ValueError, match="use BPETokenizer.load"):
-        CharTokenizer.load(tmp_path / "old.json")
+    for name in ("char.json", "old.json"):
+        for load in (load_tokenizer, CharTokenizer.load, BPETokenizer.load):
+            with pytest.raises(ValueError, match=r'its "type" is None') as e:
+                load(tmp_path / name)
+            assert str(e.value).startswith(str(tmp_path / name)) and "\n" not in str(e.value)
 
 
 def test_load_tokenizer_errors(tmp_path):
@@ -346,16 +354,11 @@ def test_save_is_atomic(tmp_path, monkeypatch):
     before = path.read_text(encoding="utf-8")
     tok = BPETokenizer.train("abcabcabc", 259)
 
-    calls, dumps = [], json.dumps
+    def fsync_fails(fd):
+        raise OSError(28, "No space left on device")
 
-    def dumps_then_fail(*args, **kwargs):
-        calls.append(1)
-        if len(calls) > 5:
-            raise RuntimeError("disk full")
-        return dumps(*args, **kwargs)
-
-    monkeypatch.setattr(json, "dumps", dumps_then_fail)  # fails halfway through the file
-    with pytest.raises(RuntimeError, match="disk full"):
+    monkeypatch.setattr(os, "fsync", fsync_fails)  # the new file is written, then cannot be made durable
+    with pytest.raises(OSError, match="No space left"):
         tok.save(path)
     monkeypatch.undo()
     assert path.read_text(encoding="utf-8") == before  # the old file, whole
@@ -568,7 +571,275 @@ def test_from_tiktoken_ids_equal_an_encoding_with_its_own_numbering(split):
 
 def pretokenize_alphabet():
     "GPT-2's character for each byte, in byte order."
-    from gptbook.tokenizer import _byte_to_char
-
-    table = _byte_to_char()
+    table = byte_to_char()
     return [table[b] for b in range(256)]
+
+
+def test_gpt2_encoder_spelling_of_the_pattern_is_gpt2_pattern():
+    "tiktoken's \"gpt2\" and HF's ByteLevel spell GPT-2's pattern as encoder.py did: read as GPT2_PATTERN, fast path."
+    original = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+    tok = BPETokenizer.train("It's 42 o'clock, ROMEO!\n" * 50, 270, pattern=GPT2_PATTERN)
+    enc = tiktoken.Encoding(
+        "orig", pat_str=original, mergeable_ranks=tok.to_tiktoken()._mergeable_ranks, special_tokens={}
+    )
+    back = BPETokenizer.from_tiktoken(enc)
+    assert back.pattern == GPT2_PATTERN and "pattern=GPT2_PATTERN" in repr(back)
+    assert back.encode("We'll see, ROMEO  42!") == enc.encode_ordinary("We'll see, ROMEO  42!")
+
+
+# ---------------------------------------------------------------- files from elsewhere: one line naming the file
+
+
+def write(path: Path, content) -> Path:
+    path.write_bytes(content if isinstance(content, bytes) else json.dumps(content).encode())
+    return path
+
+
+@pytest.mark.parametrize(
+    "contents",
+    [
+        {"type": "char"},  # KeyError 'chars' once
+        {"type": "char", "chars": None},
+        {"type": "char", "chars": [1, 2]},
+        {"type": "char", "chars": ["a", "a"]},
+        {"type": "bpe"},  # KeyError 'merges' once
+        {"type": "bpe", "merges": 5},
+        {"type": "bpe", "merges": [5]},
+        {"type": "bpe", "merges": [[1, 2, 3]]},
+        {"type": "bpe", "merges": [], "special_tokens": 5},
+        {"type": "bpe", "merges": [], "special_tokens": {"<x>": 3}},  # the id of a byte
+        {"type": "bpe", "merges": [], "ids": [1, 2, 3]},
+        {"type": "bpe", "merges": [], "pattern": 5},
+    ],
+)
+def test_a_tokenizer_file_with_a_bad_field_is_one_line_naming_it(tmp_path, contents):
+    path = write(tmp_path / "tokenizer.json", contents)
+    with pytest.raises(ValueError) as e:
+        load_tokenizer(path)
+    assert str(e.value).startswith(str(path)) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("loader", [load_tokenizer, CharTokenizer.load, BPETokenizer.load])
+def test_a_tokenizer_file_not_utf8_or_not_json_is_one_line_naming_it(tmp_path, loader):
+    latin1 = write(tmp_path / "latin1.json", '{"type": "char", "chars": ["é"]}'.encode("latin-1"))
+    with pytest.raises(ValueError, match=r"latin1\.json is not UTF-8 text \(byte 0xe9 at position 28\)"):
+        loader(latin1)
+    torn = write(tmp_path / "torn.json", b'{"type": "char", "chars": ["a", ')
+    with pytest.raises(ValueError, match=r"torn\.json is not valid JSON"):
+        loader(torn)
+
+
+_HOSTILE = r"(a|aa)+$|[\s\S]"  # exponential backtracking on "a" * 40 + "!"
+
+
+def _in_child(script: str, timeout=60, memory_gb=None) -> subprocess.CompletedProcess:
+    "Run `script` in a fresh interpreter (optionally with its address space capped), so a hang or a blow-up fails."
+    if memory_gb:
+        script = f"import resource; resource.setrlimit(resource.RLIMIT_AS, ({memory_gb << 30},) * 2)\n" + script
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    try:
+        return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the child ran over {timeout} s")
+
+
+def test_a_hostile_pattern_from_a_file_cannot_hang_encode(tmp_path):
+    path = write(tmp_path / "tokenizer.json", {"type": "bpe", "version": 1, "pattern": _HOSTILE, "merges": []})
+    out = _in_child(
+        textwrap.dedent(f"""
+        import time
+        from gptbook.tokenizer import load_tokenizer
+        tok, t0 = load_tokenizer({str(path)!r}), time.perf_counter()
+        try:
+            tok.encode("a" * 40 + "!")
+            print("encoded")
+        except ValueError as e:
+            print("ValueError", round(time.perf_counter() - t0, 1), e)
+        """)
+    )
+    assert out.stdout.startswith("ValueError"), out.stdout + out.stderr
+    assert "ReDoS" in out.stdout and float(out.stdout.split()[1]) < 10
+
+
+def test_a_custom_pattern_still_works_under_the_time_limit():
+    text = "It's 42 o'clock, ROMEO!\n" * 200
+    tok = BPETokenizer.train(text, 262, pattern=r"\w+|\s+|[^\w\s]+")
+    assert tok.decode(tok.encode(text)) == text
+
+
+@pytest.mark.parametrize("pattern,exc,match", [("(a", ValueError, "is not a valid regex"), (5, TypeError, "pattern")])
+def test_a_bad_pattern_is_named_with_its_file(tmp_path, pattern, exc, match):
+    path = write(tmp_path / "tokenizer.json", {"type": "bpe", "pattern": pattern, "merges": []})
+    with pytest.raises(ValueError, match=match) as e:  # a damaged file is a ValueError, whatever is wrong in it
+        load_tokenizer(path)
+    assert str(e.value).startswith(str(path))
+    with pytest.raises(exc, match=match):
+        BPETokenizer.train("ab cd", 260, pattern=pattern)
+
+
+BOMBS = [r"(?:a{60000}){60000}|[\s\S]", r"[\s\S]{1000000000}|[\s\S]", "(?:" * 5 + "a" + "){99}" * 5 + r"|[\s\S]"]
+
+
+def test_a_pattern_too_big_to_compile_is_refused_before_compiling(tmp_path):
+    "The report's patterns took over 5 GB, then a MemoryError; capped at 1 GB, each is now one line, at once."
+    files = [
+        write(tmp_path / f"bomb{i}.json", {"type": "bpe", "pattern": p, "merges": []}) for i, p in enumerate(BOMBS)
+    ]
+    out = _in_child(
+        textwrap.dedent(f"""
+        import time
+        from gptbook.tokenizer import BPETokenizer, load_tokenizer
+        for path in {[str(f) for f in files]!r}:
+            t0 = time.perf_counter()
+            try:
+                load_tokenizer(path)
+            except ValueError as e:
+                print(round(time.perf_counter() - t0, 1), str(e).startswith(path), "could make regex build" in str(e))
+        """),
+        memory_gb=1,
+    )
+    lines = out.stdout.splitlines()
+    assert len(lines) == 3, out.stdout + out.stderr
+    for line in lines:
+        seconds, names_file, says_why = line.split()
+        assert float(seconds) < 5 and names_file == says_why == "True", line
+    with pytest.raises(ValueError, match="could make regex build"):
+        BPETokenizer.train("ab", 257, pattern=BOMBS[0])
+
+
+@pytest.mark.parametrize("pattern", [r"\p{L}{0,65535}\p{L}{0,65535}|[\s\S]", CL100K_LIKE, r"\d{1,3}|\D+"])
+def test_patterns_with_small_or_open_counts_still_compile(pattern):
+    tok = BPETokenizer([], pattern)
+    assert tok.decode(tok.encode("abc 1234 déjà")) == "abc 1234 déjà"
+
+
+def test_the_tokenizer_imports_no_torch_and_adapters_import_no_gptbook():
+    out = _in_child(
+        "import sys, gptbook.tokenizer; print('torch' in sys.modules)\n"
+        "import gptbook.adapters; print(sorted(m for m in sys.modules if m.startswith('gptbook.')))"
+    )
+    assert out.stdout.split("\n")[0] == "False", out.stderr
+    assert out.stdout.split("\n")[1] == "['gptbook.adapters', 'gptbook.files', 'gptbook.tokenizer']"
+    out = _in_child("import sys, gptbook.adapters; print(sorted(m for m in sys.modules if m.startswith('gptbook')))")
+    assert out.stdout.strip() == "['gptbook', 'gptbook.adapters']", out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("bad", [[1.0], [True], [104, 2.0]])
+def test_decode_refuses_floats_and_bools(bad):
+    with pytest.raises(TypeError, match="token ids must be integers, got"):
+        BPETokenizer.train("hello world", 260).decode(bad)  # on the fast path, [1.0] and [True] once decoded as 1
+    with pytest.raises(TypeError, match="token ids must be integers"):
+        CharTokenizer.train("ab").decode(bad[-1:])
+
+
+def test_integer_ids_of_every_kind_still_decode():
+    np = pytest.importorskip("numpy")
+    torch = pytest.importorskip("torch")
+    tok, ct = BPETokenizer.train("hello world", 260), CharTokenizer.train("hi")
+    for ids in ([104, 105], (104, 105), np.array([104, 105]), torch.tensor([104, 105]), [np.int64(104), 105]):
+        assert tok.decode(ids) == "hi"
+    for ids in ([0, 1], np.array([0, 1], dtype=np.uint16), torch.tensor([0, 1]), []):
+        assert ct.decode(ids) == "hi"[: len(ids)]
+    with pytest.raises(ValueError, match=r"id 260 is not in this tokenizer's vocabulary \(vocab_size is 260, ids"):
+        tok.decode([260])
+
+
+def test_an_unknown_character_gets_advice_that_fits_a_trained_model():
+    "A CharTokenizer fixed by a trained model cannot be retrained: the message offers both ways out."
+    with pytest.raises(ValueError, match=r"'\\ufeff' at position 0 is not one of the 2 characters") as e:
+        CharTokenizer.train("ab").encode("\ufeffab")
+    assert "replace it" in str(e.value) and "train anew" in str(e.value)
+    assert "retrain it (CharTokenizer.train)" not in str(e.value)
+
+
+# ---------------------------------------------------------------- hostile Hugging Face tokenizer.json files
+
+
+@pytest.fixture(scope="module")
+def hf_json(split, tmp_path_factory):
+    "The JSON of a small byte-level tokenizer.json with <|endoftext|>, as HF tokenizers saves it."
+    hf = hf_trained(split[0][:50_000], 400)
+    folder = tmp_path_factory.mktemp("hf_json")
+    hf.save(str(folder / "tokenizer.json"))
+    return json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
+
+
+def _without(d: dict, *path):
+    d = json.loads(json.dumps(d))
+    inner = d
+    for key in path[:-1]:
+        inner = inner[key]
+    del inner[path[-1]]
+    return d
+
+
+def _with_split(d: dict, pattern) -> dict:
+    "`d` pre-tokenizing with a Split of `pattern`, then ByteLevel without its regex (what to_hf writes)."
+    split = {"type": "Split", "pattern": pattern, "behavior": "Isolated", "invert": False}
+    return {
+        **d,
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [split, {**d["pre_tokenizer"], "use_regex": False}]},
+    }
+
+
+HOSTILE_HF = {  # the reliability review's malformed files, each once a KeyError, TypeError or AttributeError traceback
+    "no_merges": lambda d: _without(d, "model", "merges"),
+    "no_vocab": lambda d: _without(d, "model", "vocab"),
+    "model_list": lambda d: {**d, "model": [1, 2]},
+    "vocab_list": lambda d: {**d, "model": {**d["model"], "vocab": list(d["model"]["vocab"])}},
+    "list": lambda d: [1, 2, 3],
+    "null": lambda d: None,
+    "pretok_list": lambda d: {**d, "pre_tokenizer": [d["pre_tokenizer"]]},
+    "pattern_str": lambda d: _with_split(d, r"\S+|\s+"),  # a Split's pattern is {"Regex": ...}
+    "added_nocontent": lambda d: {**d, "added_tokens": [{"id": 0}]},
+    "added_str": lambda d: {**d, "added_tokens": "x"},
+    "merges_ints": lambda d: {**d, "model": {**d["model"], "merges": [1, 2, 3]}},
+    "dup_ids": lambda d: {**d, "model": {**d["model"], "vocab": {k: 7 for k in d["model"]["vocab"]}}},
+    "str_id": lambda d: {**d, "model": {**d["model"], "vocab": {k: str(v) for k, v in d["model"]["vocab"].items()}}},
+    "regex_bomb": lambda d: _with_split(d, {"Regex": BOMBS[0]}),
+}
+
+
+@pytest.mark.parametrize("name", HOSTILE_HF)
+def test_a_malformed_hf_tokenizer_json_is_one_value_error_naming_it(hf_json, tmp_path, name):
+    path = write(tmp_path / f"{name}.json", HOSTILE_HF[name](hf_json))
+    with pytest.raises(ValueError) as e:
+        BPETokenizer.from_hf(path)
+    assert str(e.value).startswith(str(path)) and "\n" not in str(e.value), str(e.value)
+
+
+def test_the_unbroken_hf_tokenizer_json_reads(hf_json, tmp_path):
+    tok = BPETokenizer.from_hf(write(tmp_path / "tokenizer.json", hf_json))
+    assert tok.vocab_size == 400 and tok.pattern == GPT2_PATTERN and EOT in tok.special_tokens
+
+
+# ---------------------------------------------------------------- as_tokenizer: theirs wrapped, ours as they are
+
+
+def test_as_tokenizer_passes_ours_and_wraps_theirs(tok):
+    ct = CharTokenizer.train("hello")
+    assert as_tokenizer(tok) is tok and as_tokenizer(ct) is ct  # known by encode, decode and vocab_size
+    tt = as_tokenizer(tok.to_tiktoken())
+    hf = as_tokenizer(tok.to_hf())
+    assert isinstance(tt, TokenizerAdapter) and isinstance(hf, TokenizerAdapter) and as_tokenizer(tt) is tt
+    s = "naïve 🙂 ROMEO"
+    assert tt.encode(s) == hf.encode(s) == tok.encode(s) and tt.decode(tok.encode(s)) == s == hf.decode(tok.encode(s))
+    ids = tok.encode(s)
+    assert [tt.token_bytes(i) for i in ids] == [hf.token_bytes(i) for i in ids] == [tok.vocab[i] for i in ids]
+    assert tt.vocab_size == hf.vocab_size == tok.vocab_size
+    with pytest.raises(TypeError, match="encode expects a str"):
+        tt.encode(b"bytes")
+    with pytest.raises(ValueError, match="is not an id of this tiktoken tokenizer"):
+        tt.token_bytes(tok.vocab_size)
+    with pytest.raises(TypeError, match="cannot be saved as a gptbook tokenizer file"):
+        tt.save("x.json")
+    with pytest.raises(TypeError, match="is not a tokenizer gptbook knows"):
+        as_tokenizer("gpt2")
+
+
+def test_an_id_outside_the_vocabulary_names_the_vocabulary_size():
+    tok = BPETokenizer.train("hello world", 260)
+    with pytest.raises(ValueError, match=r"id 260 is not in this tokenizer's vocabulary \(vocab_size is 260, ids"):
+        tok.decode([260])
+    with pytest.raises(ValueError, match=r"id -1 is not a valid CharTokenizer id \(vocab_size is 2"):
+        CharTokenizer.train("ab").decode([-1])

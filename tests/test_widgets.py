@@ -22,17 +22,11 @@ from gptbook.sample import filter_logits
 from gptbook.tokenizer import GPT2_PATTERN, BPETokenizer, CharTokenizer, apply_merges, pretokenize
 from gptbook.book.widgets import attention_explorer, bpe_stepper, rope_dial, rope_score, sampling_lab
 
-sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
 # $GPTBOOK_CHROMIUM names another Chromium-based browser (GitHub's runners have Google Chrome preinstalled).
 CHROMIUM = os.environ.get("GPTBOOK_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-if not Path(CHROMIUM).is_file():
-    pytest.skip(
-        f"no browser at {CHROMIUM}: apt-get install chromium (.ci/run does), or set GPTBOOK_CHROMIUM",
-        allow_module_level=True,
-    )
-
-pytestmark = pytest.mark.slow
+slow = pytest.mark.slow  # the tests that drive a browser
 ROOT = Path(__file__).resolve().parents[1]
+STATIC = ROOT / "gptbook" / "book" / "static"
 PAGE = (
     '<!doctype html><html lang="en"><head><meta charset="utf-8">'
     '<meta name="viewport" content="width=device-width, initial-scale=1"><title>widget</title></head>'
@@ -72,6 +66,9 @@ def server():
 
 @pytest.fixture(scope="module")
 def browser():
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
+    if not Path(CHROMIUM).is_file():
+        pytest.skip(f"no browser at {CHROMIUM}: apt-get install chromium (.ci/run does), or set GPTBOOK_CHROMIUM")
     with sync_api.sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, headless=True)
         yield b
@@ -153,6 +150,7 @@ def check_bpe(page, tok, chunks):
     return n
 
 
+@slow
 def test_bpe_stepper_matches_the_encoder(browser, server, bpe):
     tok, chunks, w = bpe
     with opened(browser, server, w.html) as page:
@@ -196,7 +194,9 @@ def settings(page) -> dict:
 def check_sampling(page, data, tol=1e-6) -> dict:
     "The kept set and the shown probabilities against `filter_logits` on the page's own logits and settings."
     s, vocab = settings(page), len(data["tokens"])
-    z = torch.tensor(data["prompts"][s["prompt"]]["logits"], dtype=torch.float64)
+    z = torch.tensor(
+        [-math.inf if x is None else x for x in data["prompts"][s["prompt"]]["logits"]], dtype=torch.float64
+    )
     k, p, m = int(s["top_k"]), s["top_p"], s["min_p"]
     f = filter_logits(z, s["temperature"], None if k == vocab else k, None if p == 1 else p, None if m == 0 else m)
     probs = f.softmax(-1)
@@ -210,6 +210,7 @@ def check_sampling(page, data, tol=1e-6) -> dict:
     return s
 
 
+@slow
 def test_sampling_lab_matches_filter_logits(browser, server, lab):
     with opened(browser, server, lab.html) as page:
         check_sampling(page, lab.data)
@@ -279,6 +280,7 @@ def check_row(page, weights) -> tuple:
     return layer, head, q
 
 
+@slow
 def test_attention_explorer_shows_the_rows(browser, server, explorer):
     tokens, weights, w = explorer
     T = len(tokens)
@@ -336,6 +338,7 @@ def check_score(page, q, k) -> tuple:
     return n, offset, score
 
 
+@slow
 def test_rope_dial_score_depends_on_the_offset_only(browser, server, dial):
     q, k, w = dial
     with opened(browser, server, w.html) as page:
@@ -366,6 +369,7 @@ def widgets(bpe, lab, explorer, dial):
     return {"bpe": bpe[2], "sampling": lab, "attention": explorer[2], "rope": dial[2]}
 
 
+@slow
 @pytest.mark.parametrize("name", ["bpe", "sampling", "attention", "rope"])
 def test_dark_theme(browser, server, widgets, name):
     "On a dark page the text and the drawing's strokes take the page's colour (currentColor), not black."
@@ -378,21 +382,131 @@ def test_dark_theme(browser, server, widgets, name):
         assert colours and set(colours) == {"rgb(230, 230, 230)"}, set(colours)
 
 
+@slow
 @pytest.mark.parametrize("name", ["bpe", "sampling", "attention", "rope"])
 def test_narrow_screen_and_no_javascript(browser, server, widgets, name):
+    "Without JavaScript the page shows Python's picture, the same as the script's first drawing."
     w = widgets[name]
     assert w.size < 300_000
     with opened(browser, server, w.html, width=375) as page:
         assert page.evaluate("document.documentElement.scrollWidth") <= 375
         assert page.locator(".gbw.gbw-live").count() == 1
-    status = re.search(r'<p class="gbw-status"[^>]*>(.*?)</p>', w.html).group(1)
+        live = page.inner_text(".gbw-figure"), page.evaluate(DRAWN)
     with opened(browser, server, w.html, width=375, js=False) as page:
         assert page.locator(".gbw-live").count() == 0, "JavaScript is off"
         assert page.locator(".gbw-figure svg, .gbw-figure .gbw-tok").count() > 0, "the static picture is there"
-        assert page.inner_text(".gbw-status") == page.evaluate(
-            "s => new DOMParser().parseFromString(s, 'text/html').documentElement.textContent", status
-        )
+        assert (page.inner_text(".gbw-figure"), page.evaluate(DRAWN)) == live
         assert page.evaluate("document.documentElement.scrollWidth") <= 375
+
+
+# what both draw besides the text: the tokens' ids and weights, the arrows' ends
+DRAWN = """() => [...document.querySelectorAll('.gbw-figure [data-ids], .gbw-figure [data-w], .gbw-figure line')]
+  .map(e => [e.getAttribute('data-ids'), e.getAttribute('data-w'), e.getAttribute('x2'), e.getAttribute('y2')])"""
+
+
+# --- unusual data, hostile text ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "build, message",
+    [
+        (lambda: sampling_lab(["a"], [[math.nan, 0.0]], ["x", "y"]), "finite or -inf"),
+        (lambda: sampling_lab(["a"], [[-math.inf, -math.inf]], ["x", "y"]), "a finite one for every prompt"),
+        (lambda: sampling_lab([], np.zeros((0, 2)), ["x", "y"]), "needs a prompt and a token, got 0 prompts"),
+        (lambda: attention_explorer(["a"], [[[[math.nan]]]]), "must be finite"),
+        (lambda: attention_explorer([], np.zeros((1, 1, 0, 0))), "none 0"),
+        (lambda: attention_explorer(["a", "b"], np.ones((1, 1, 2, 2)), query=2), "query must be a position in 0..1"),
+        (lambda: bpe_stepper({(97, 97): 256}, []), "hold no bytes"),
+        (lambda: rope_dial([1.0, math.nan], [1.0, 0.0], [0.5]), "must be finite"),
+        (lambda: rope_dial([], [], []), "len(theta) >= 1"),
+    ],
+)
+def test_bad_data_is_refused_in_one_line(build, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        build()
+
+
+@slow
+def test_unusual_data_draws(browser, server):
+    "Masked logits, a row of zero weights, zero vectors and a tokenizer with no merges: pages that work."
+    z = torch.randn(2, 30, generator=torch.Generator().manual_seed(2), dtype=torch.float64) * 2
+    z[0, z[0].argsort()[-3:]] = -math.inf  # the three most likely tokens of the first prompt masked out
+    z[1, ::2] = -math.inf
+    lab = sampling_lab(["masked", "half"], z.numpy(), [chr(65 + i) for i in range(30)])
+    with opened(browser, server, lab.html) as page:
+        assert check_sampling(page, lab.data)["prompt"] == 0 and page.locator(".gbw-off").count() == 0
+        press(page, "[name=top_k]", "End", *["ArrowLeft"] * 20)  # top-k 10
+        check_sampling(page, lab.data)
+        press(page, "[name=temperature]", "Home")  # greedy
+        check_sampling(page, lab.data)
+        page.select_option("[name=prompt]", index=1)
+        assert len(page.get_attribute(".gbw", "data-kept").split(",")) == 1 and check_sampling(page, lab.data)
+    weights = np.tril(np.ones((3, 3)))[None, None] / np.arange(1, 4)[:, None]
+    weights[0, 0, 2] = 0  # the last token attends to nothing
+    zero = attention_explorer(list("abc"), weights)
+    with opened(browser, server, zero.html) as page:
+        assert "puts 0.0000 of its attention on position 0" in page.inner_text(".gbw-status")
+        page.hover(".gbw-tok[data-pos='1']")
+        assert page.get_attribute(".gbw-tok[data-pos='0']", "data-w") == "0.5000"
+    widgets = rope_dial(np.zeros(4), np.zeros(4), [1.0, 0.1]).html + bpe_stepper({}, [b"no merges"]).html
+    with opened(browser, server, widgets) as page:
+        press(page, "[name=position]", "End")
+        assert "score q\u00b7k = 0.000000" in page.inner_text(".gbw[id^=gbw-rope] .gbw-status")
+        assert "nan" not in page.inner_html(".gbw-dials").lower()
+        page.click("button[data-action=next]")
+        assert page.locator(".gbw-tok").count() == len(b"no merges")
+
+
+HOSTILE = [
+    "</script><script>window.__xss=1</script>",
+    '"><img src=x onerror="window.__xss=2">',
+    "'><svg onload=window.__xss=3>",
+    "<!--<script>window.__xss=4</script>-->",
+    "\u2028\u2029</SCRIPT ><script>window.__xss=5</script>",
+    "${window.__xss=6}`+(window.__xss=7)+`",
+]
+
+
+@slow
+def test_hostile_text_stays_text(browser, server):
+    "Token texts and titles that try to break out of a script, an attribute or a comment are shown as text."
+    text = "".join(HOSTILE) * 3
+    tok = BPETokenizer.train(text, 300)  # no pre-tokenizer: merged tokens carry whole payloads
+    weights = np.tril(np.ones((6, 6)))[None, None] / np.arange(1, 7)[:, None]
+    parts = [
+        bpe_stepper(tok.merges, [text.encode()], title=HOSTILE[0]),
+        bpe_stepper(tok.merges, [text.encode()], start=0, title=HOSTILE[1]),
+        sampling_lab(HOSTILE, np.eye(6), HOSTILE, title=HOSTILE[2]),
+        attention_explorer(HOSTILE, weights, title=HOSTILE[3]),
+        rope_dial(np.ones(2), np.ones(2), np.ones(1), title=HOSTILE[4]),
+    ]
+    with opened(browser, server, "".join(w.html for w in parts)) as page:
+        for control in page.locator("input[type=range], select").all():
+            control.focus()
+            for key in ("End", "Home", "ArrowDown"):
+                page.keyboard.press(key)
+        for button in page.locator("button").all():
+            button.click()
+        for token in page.locator(".gbw-figure .gbw-tok").all()[:12]:
+            token.hover()
+        assert page.evaluate("window.__xss") is None
+        assert page.locator("img, iframe, svg[onload]").count() == 0
+        assert page.locator("script").count() == 2 * len(parts)
+        assert page.locator(".gbw.gbw-live").count() == len(parts)
+        assert HOSTILE[0] in page.inner_text(".gbw-title >> nth=0")
+
+
+def test_scripts_are_package_files_the_appendix_shows():
+    "Each script is a file of gptbook/book/static/ that cannot end its <script> element, listed in appendix A5."
+    nb = json.loads((ROOT / "nbs" / "A5_widgets.ipynb").read_text())
+    listed = "".join(
+        "".join(o.get("data", {}).get("text/markdown", "")) for c in nb["cells"] for o in c.get("outputs", [])
+    )
+    for name in ("shell", "bpe", "sampling", "attention", "rope"):
+        js = (STATIC / f"{name}.js").read_text(encoding="utf-8")
+        assert "</" not in js and "<!--" not in js, name
+        assert js in listed, f"nbs/A5_widgets.ipynb lists an older {name}.js: run it again"
+        assert (STATIC / f"{name}.css").is_file()
 
 
 # --- the outputs saved in the chapters ---------------------------------------------------------------
@@ -420,6 +534,7 @@ SAVED = {
 }
 
 
+@slow
 @pytest.mark.parametrize("name", sorted(SAVED))
 def test_saved_chapter_widgets_load_and_work(browser, server, name):
     html, data = saved_widget(SAVED[name], name)
@@ -454,7 +569,7 @@ def _saved_sampling(page, data):
 
 def _saved_attention(page, data):
     "The trained baby's rows: what the page shows is what the notebook computed, and each row sums to 1."
-    T, H = len(data["tokens"]), data["n_heads"]
+    T, H = page.locator(".gbw-tok").count(), data["n_heads"]
     weights = np.zeros((len(data["weights"]) // H, H, T, T))
     for n, flat in enumerate(data["weights"]):
         rows = np.split(np.array(flat) / 1e4, np.cumsum(np.arange(1, T)))
@@ -485,6 +600,7 @@ def _saved_rope(page, data):
 SAVED_CHECKS = {"bpe": _saved_bpe, "sampling": _saved_sampling, "attention": _saved_attention, "rope": _saved_rope}
 
 
+@slow
 def test_side_by_side_under_require_js(browser, server, widgets):
     "Quarto loads require.js on pages with HTML outputs: the widgets define no globals and keep to their own ids."
     amd = "<script>var define = function () { throw new Error('define called'); }; define.amd = {};</script>"

@@ -8,14 +8,16 @@ from __future__ import annotations
 import hashlib
 import html
 import json
+from decimal import ROUND_HALF_UP, Decimal
+from importlib.resources import files
 
 import numpy as np
 
 from ..tokenizer import apply_merges
 
 # %% auto #0
-__all__ = ['Widget', 'slider', 'choice', 'button', 'readout', 'widget', 'shown', 'bpe_steps', 'bpe_stepper', 'sampling_lab',
-           'attention_explorer', 'rope_score', 'rope_dial']
+__all__ = ['Widget', 'slider', 'choice', 'button', 'widget', 'bpe_stepper', 'sampling_lab', 'attention_explorer', 'rope_score',
+           'rope_dial']
 
 # %% ../../nbs/A5_widgets.ipynb #441e4498
 class Widget:
@@ -58,17 +60,17 @@ def button(name: str, label: str) -> dict:
     return dict(kind="button", name=name, label=label)
 
 
-def _decimals(step) -> int:
-    "Digits after the point that a slider's step needs. Example: 0.05 -> 2, 1 -> 0"
-    text = f"{step:g}"
-    return len(text.split(".")[1]) if "." in text else 0
+def _fixed(x: float, digits: int) -> str:
+    "`x` as JavaScript's `toFixed` writes it (the exact binary value, ties away from 0). Example: 2.125, 2 -> '2.13'"
+    return f"{Decimal(x).quantize(Decimal(1).scaleb(-digits), ROUND_HALF_UP):f}"
 
 
-def readout(c: dict) -> str:
+def _readout(c: dict) -> str:
     "What a slider's `<output>` shows at its value: the number at the step's precision, or 'off'."
     if c["off"] is not None and float(c["value"]) == float(c["off"]):
         return "off"
-    return f"{c['value']:.{_decimals(c['step'])}f}"
+    step = f"{c['step']:g}"
+    return _fixed(c["value"], len(step.split(".")[1]) if "." in step else 0)
 
 # %% ../../nbs/A5_widgets.ipynb #9eadff81
 #| code-fold: true
@@ -87,71 +89,12 @@ def _control_html(uid: str, c: dict) -> str:
     off = "" if c["off"] is None else f' data-off="{c["off"]}"'
     attrs = f'min="{c["min"]}" max="{c["max"]}" step="{c["step"]}" value="{c["value"]}"{off}'
     field = f'<input type="range" id="{cid}" name="{c["name"]}" {attrs} data-control>'
-    return f'<span class="gbw-ctl">{label}{field}<output for="{cid}">{readout(c)}</output></span>'
+    return f'<span class="gbw-ctl">{label}{field}<output for="{cid}">{_readout(c)}</output></span>'
 
 
-_CSS = """
-#ID{max-width:100%;box-sizing:border-box;border:1px solid rgba(128,128,128,.45);border-radius:6px;
-padding:.6em .8em;margin:1em 0;color:inherit;overflow-wrap:anywhere}
-#ID *{box-sizing:border-box}
-#ID .gbw-title{margin:0 0 .4em;font-weight:600}
-#ID .gbw-controls{display:flex;flex-wrap:wrap;gap:.4em 1.4em;align-items:center;margin-bottom:.5em}
-#ID .gbw-ctl{display:inline-flex;flex-wrap:wrap;align-items:center;gap:.35em;max-width:100%}
-#ID input[type=range]{width:9em;max-width:100%;accent-color:#2f7fd8}
-#ID select,#ID button{font:inherit;color:inherit;background:transparent;border:1px solid rgba(128,128,128,.6);
-border-radius:4px;padding:.1em .4em;max-width:100%}
-#ID output{font-variant-numeric:tabular-nums;min-width:2.5em}
-#ID svg{display:block;width:100%;height:auto}
-#ID svg text{fill:currentColor}
-#ID .gbw-status{margin:.5em 0 0;font-size:.92em}
-#ID:not(.gbw-live) .gbw-controls{opacity:.55}
-#ID :focus-visible{outline:2px solid #2f7fd8;outline-offset:1px}
-@media (prefers-color-scheme:dark){#ID input[type=range]{accent-color:#6aa9f0}}
-"""
-
-# The shell's script: find the widget by its id, read its JSON, wire its controls, and let the widget's own code
-# (__BODY__: the body of a function of root, data and ui returning draw(values)) redraw after every change.
-_RUNTIME = """(function () {
-  "use strict";
-  var root = document.getElementById("__ID__");
-  if (!root || root.getAttribute("data-live") === "1") return;
-  root.setAttribute("data-live", "1");
-  var data = JSON.parse(root.querySelector("script.gbw-data").textContent);
-  var inputs = Array.prototype.slice.call(root.querySelectorAll("[data-control]"));
-  var handlers = {};
-  function decimals(el) { return (String(el.step || "1").split(".")[1] || "").length; }
-  function values() {
-    var v = {};
-    inputs.forEach(function (el) { v[el.name] = el.type === "range" ? Number(el.value) : el.value; });
-    return v;
-  }
-  function show(el) {
-    var out = root.querySelector('output[for="' + el.id + '"]'), off = el.getAttribute("data-off");
-    var isOff = off !== null && Number(off) === Number(el.value);
-    if (out) out.textContent = isOff ? "off" : Number(el.value).toFixed(decimals(el));
-  }
-  var ui = {
-    set: function (name, value) { root.querySelector('[name="' + name + '"]').value = value; update(); },
-    on: function (name, fn) { handlers[name] = fn; },
-    esc: function (s) { return String(s).replace(/[&<>"']/g, function (c) { return "&#" + c.charCodeAt(0) + ";"; }); }
-  };
-  var draw = (function (root, data, ui) {
-__BODY__
-  })(root, data, ui);
-  function update() {
-    inputs.forEach(function (el) { if (el.type === "range") show(el); });
-    draw(values());
-  }
-  inputs.forEach(function (el) { el.addEventListener("input", update); el.addEventListener("change", update); });
-  Array.prototype.forEach.call(root.querySelectorAll("button[data-action]"), function (b) {
-    b.addEventListener("click", function () {
-      var fn = handlers[b.getAttribute("data-action")];
-      if (fn) fn(values());
-    });
-  });
-  root.classList.add("gbw-live");
-  update();
-})();"""
+def _asset(name: str) -> str:
+    "The text of the file `name` in gptbook/book/static/ (package data): a widget's script or style."
+    return (files("gptbook.book") / "static" / name).read_text(encoding="utf-8")
 
 
 def _json_for_script(data) -> str:
@@ -159,12 +102,22 @@ def _json_for_script(data) -> str:
     return json.dumps(data, separators=(",", ":"), ensure_ascii=False, allow_nan=False).replace("<", "\\u003c")
 
 
+_STATUS = '<p class="gbw-status" aria-live="polite">{}</p>'
+
+
+def _slots(words: str, **values) -> str:
+    "HTML of `words` with each {name} a span that `ui.fill` refills. Example: ('{n} kB', n=3) -> '<span…>3</span> kB'"
+    spans = {name: f'<span data-slot="{name}">{html.escape(str(v))}</span>' for name, v in values.items()}
+    return html.escape(words).format(**spans)
+
+
 def widget(name: str, title: str, controls: list, figure: str, data: dict, script: str, css: str = "") -> Widget:
     """One widget: a title, labelled controls, the figure Python drew (the picture without JavaScript), the data as
-    inline JSON, and `script`: the body of `function (root, data, ui)` returning `draw(values)` for every change."""
+    inline JSON, and `script`: the JavaScript of a `function (root, data, ui)` returning `draw(values)`, which runs
+    at the start and after every change. `css` adds style rules, with `#ID` standing for the widget's id."""
     payload = _json_for_script(data)
-    uid = f"gbw-{name}-" + hashlib.sha1((payload + figure).encode()).hexdigest()[:8]  # stable across re-runs
-    style = (_CSS + css).replace("#ID", f"#{uid}").strip()
+    uid = f"gbw-{name}-" + hashlib.sha1("\0".join([title, payload, figure, script]).encode()).hexdigest()[:8]
+    style = (_asset("shell.css") + css).replace("#ID", f"#{uid}").strip()
     parts = [
         f'<div class="gbw" id="{uid}" role="group" aria-labelledby="{uid}-title">',
         f"<style>{style}</style>",
@@ -172,18 +125,18 @@ def widget(name: str, title: str, controls: list, figure: str, data: dict, scrip
         '<div class="gbw-controls">' + "".join(_control_html(uid, c) for c in controls) + "</div>",
         f'<div class="gbw-figure">{figure}</div>',
         f'<script type="application/json" class="gbw-data">{payload}</script>',
-        "<script>" + _RUNTIME.replace("__ID__", uid).replace("__BODY__", script) + "</script>",
+        f"<script>{_asset('shell.js').strip()}({json.dumps(uid)}, {script.strip()});</script>",
         "</div>",
     ]
     return Widget(name, "\n".join(parts), data)
 
 # %% ../../nbs/A5_widgets.ipynb #34eafdf5
-def shown(text: str) -> str:
+def _shown(text: str) -> str:
     "A token's text with its space and newline made visible. Example: ' to\\n' -> '␣to↵'"
     return text.replace(" ", "\u2423").replace("\n", "\u21b5").replace("\t", "\u21e5")
 
 
-def bpe_steps(merges: dict, chunks: list) -> list:
+def _bpe_steps(merges: dict, chunks: list) -> list:
     """[n, ids] for every number of merges n at which the chunks' tokens change, from [0, their bytes] up: the ids
     `apply_merges` gives with only the first n merges (`merges`: pair -> new id, learned in the order of the ids).
     Merges apply in the order learned, so the ones that change anything are those inside the final tokens."""
@@ -217,90 +170,66 @@ def _vocab_of(merges: dict) -> dict:
     return vocab
 
 
-def _bpe_status(n: int, data: dict, ids: list, merge) -> str:
-    "The line under the tokens (the widget's script writes the same words)."
-    n_bytes, n_tokens = data["n_bytes"], len(ids)
-    done = f"{n:,} of {data['n_merges']:,} merges: {n_tokens} tokens for {n_bytes} bytes, "
-    done += f"{n_bytes / n_tokens:.2f} bytes per token."
-    if merge is None:
-        return done + " No merge has changed this sentence yet: every byte is a token."
-    a, b, new = (f"'{data['text'][str(i)]}'" for i in merge[1:])
-    return done + f" The latest merge that changed it, number {merge[0]:,}: {a} + {b} \u2192 {new}."
+def _token_span(i: int, text: str, new: bool = False) -> str:
+    "Token `i` as a coloured span, outlined if the latest merge made it."
+    cls = "gbw-tok gbw-new" if new else "gbw-tok"
+    return f'<span class="{cls}" data-id="{i}" style="background:{_token_colour(i)}">{html.escape(text)}</span>'
 
 
-def _bpe_figure(data: dict, start: int) -> str:
-    "The tokens after the first `start` merges and the status line, as the script draws them."
+_BPE_WORDS = (
+    "{merges} of {n_merges} merges: {tokens} tokens for {n_bytes} bytes, {ratio} bytes per token. ",
+    "No merge has changed this sentence yet: every byte is a token.",
+    "The latest merge that changed it, number {number}: '{a}' + '{b}' \u2192 '{made}'.",
+)
+
+
+def _bpe_status(data: dict, texts: dict, start: int, ids: list, n: int) -> str:
+    "The status line after `start` merges, the latest change at `n`: of its two endings, the other one is hidden."
+    counts, none, latest = _BPE_WORDS
+    ratio, n_merges = _fixed(data["n_bytes"] / len(ids), 2), f"{data['n_merges']:,}"
+    line = _slots(counts, merges=f"{start:,}", n_merges=n_merges, tokens=len(ids), n_bytes=data["n_bytes"], ratio=ratio)
+    m = data["merge"].get(str(n))  # [a, b, new id]: the latest merge that changed the sentence, or None
+    a, b, made = (texts[i] for i in m) if m else ("", "", "")
+    latest = _slots(latest, number=f"{n:,}", a=a, b=b, made=made)
+    line += f'<span class="gbw-if-none"{" hidden" if m else ""}>{none}</span>'
+    return line + f'<span class="gbw-if-merge"{"" if m else " hidden"}>{latest}</span>'
+
+
+def _bpe_figure(data: dict, texts: dict, start: int) -> str:
+    "The tokens after the first `start` merges, the status line, and the <template> with one span per token id."
     n, ids = [s for s in data["steps"] if s[0] <= start][-1]
-    merge = data["merge"].get(str(n))
-    spans = "".join(
-        f'<span class="gbw-tok{" gbw-new" if merge and i == merge[2] else ""}" data-id="{i}" '
-        f'style="background:{_token_colour(i)}">{html.escape(data["text"][str(i)])}</span>'
-        for i in ids
-    )
-    status = _bpe_status(start, data, ids, None if merge is None else [n, *merge])
+    new = data["merge"].get(str(n), [None])[-1]
+    tokens = "".join(_token_span(i, texts[i], i == new) for i in ids)
+    protos = "".join(_token_span(i, t) for i, t in texts.items())
     return (
-        f'<div class="gbw-tokens" data-ids="{",".join(map(str, ids))}">{spans}</div>'
-        f'<p class="gbw-status" aria-live="polite">{html.escape(status)}</p>'
+        f'<div class="gbw-tokens" data-ids="{",".join(map(str, ids))}">{tokens}</div>'
+        + _STATUS.format(_bpe_status(data, texts, start, ids, n))
+        + f'<template class="gbw-protos">{protos}</template>'
     )
-
-
-_BPE_JS = """
-    var steps = data.steps, box = root.querySelector(".gbw-tokens"), status = root.querySelector(".gbw-status");
-    function at(n) { var s = 0; while (s + 1 < steps.length && steps[s + 1][0] <= n) s++; return s; }
-    function colour(id) { return "hsla(" + ((id * 137.508) % 360).toFixed(0) + ",75%,55%,0.32)"; }
-    function quoted(id) { return "'" + data.text[id] + "'"; }
-    function count(n) { return n.toLocaleString("en-US"); }
-    ui.on("prev", function (v) {
-      var s = at(v.merges);
-      ui.set("merges", steps[v.merges > steps[s][0] ? s : Math.max(s - 1, 0)][0]);
-    });
-    ui.on("next", function (v) { ui.set("merges", steps[Math.min(at(v.merges) + 1, steps.length - 1)][0]); });
-    return function (v) {
-      var s = at(v.merges), ids = steps[s][1], m = data.merge[steps[s][0]];
-      box.innerHTML = ids.map(function (id) {
-        var cls = m && id === m[2] ? "gbw-tok gbw-new" : "gbw-tok";
-        return '<span class="' + cls + '" data-id="' + id + '" style="background:' + colour(id) + '">' +
-          ui.esc(data.text[id]) + "</span>";
-      }).join("");
-      box.setAttribute("data-ids", ids.join(","));
-      var text = count(v.merges) + " of " + count(data.n_merges) + " merges: " + ids.length + " tokens for " +
-        data.n_bytes + " bytes, " + (data.n_bytes / ids.length).toFixed(2) + " bytes per token.";
-      text += m ? " The latest merge that changed it, number " + count(steps[s][0]) + ": " +
-        quoted(m[0]) + " + " + quoted(m[1]) + " \\u2192 " + quoted(m[2]) + "." :
-        " No merge has changed this sentence yet: every byte is a token.";
-      status.textContent = text;
-    };
-"""
-
-_BPE_CSS = """
-#ID .gbw-tokens{line-height:1.9;font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:.95em}
-#ID .gbw-tok{display:inline-block;white-space:pre;padding:0 .18em;margin:.1em;border-radius:4px;line-height:1.5}
-#ID .gbw-new{box-shadow:0 0 0 2px currentColor}
-"""
 
 
 def bpe_stepper(merges: dict, chunks: list, start: int | None = None, title: str = "BPE, one merge at a time"):
     """A slider over the first n of `merges` (pair -> id, in the order learned) applied to `chunks` (the byte strings
     of one pre-tokenized sentence): its tokens recolour as merges apply, and the compression so far is printed."""
     chunks = [bytes(c) for c in chunks]
-    vocab, steps = _vocab_of(merges), bpe_steps(merges, chunks)
+    if not any(chunks):
+        raise ValueError(
+            "bpe_stepper: the chunks hold no bytes: pass a sentence, e.g. [c.encode() for c in pretokenize(text)]"
+        )
+    vocab, steps = _vocab_of(merges), _bpe_steps(merges, chunks)
     order = sorted(merges.items(), key=lambda item: item[1])
     merged = {str(n): [*order[n - 1][0], order[n - 1][1]] for n, _ in steps[1:]}  # n -> [a, b, new id]
     used = {i for _, ids in steps for i in ids} | {i for m in merged.values() for i in m}
-    data = {
-        "steps": steps,
-        "text": {str(i): shown(vocab[i].decode("utf-8", "backslashreplace")) for i in sorted(used)},
-        "merge": merged,
-        "n_merges": len(merges),
-        "n_bytes": sum(map(len, chunks)),
-    }
+    texts = {i: _shown(vocab[i].decode("utf-8", "backslashreplace")) for i in sorted(used)}
+    data = {"steps": steps, "merge": merged, "n_merges": len(merges), "n_bytes": sum(map(len, chunks))}
     start = len(merges) if start is None else start
     controls = [
         slider("merges", "merges applied", 0, len(merges), 1, start),
         button("prev", "\u25c0 previous change"),
         button("next", "next change \u25b6"),
     ]
-    return widget("bpe", title, controls, _bpe_figure(data, start), data, _BPE_JS, _BPE_CSS)
+    figure = _bpe_figure(data, texts, start)
+    return widget("bpe", title, controls, figure, data, _asset("bpe.js"), _asset("bpe.css"))
 
 # %% ../../nbs/A5_widgets.ipynb #255219c1
 #| code-fold: true
@@ -310,99 +239,52 @@ def _softmax(z: np.ndarray) -> np.ndarray:
     return e / e.sum(-1, keepdims=True)
 
 
-def _bar_rows(labels: list, probs, ref, x0: int = 90, width: int = 250, row: int = 26) -> str:
-    "SVG rows: a label, the probability as a bar, the reference probability as an outline, and the value."
+def _bar_rows(labels: list, probs, kept, x0: int = 90, width: int = 250, row: int = 26) -> str:
+    "SVG rows: a label, the probability as a bar and as an outline (the model's own: the same at first), the value."
     out = []
-    for r, (label, p, q) in enumerate(zip(labels, probs, ref)):
+    for r, (label, p, on) in enumerate(zip(labels, probs, kept)):
         out.append(
-            f'<g class="gbw-row" transform="translate(0,{r * row})">'
+            f'<g class="gbw-row{"" if on else " gbw-off"}" transform="translate(0,{r * row})">'
             f'<text class="gbw-label" x="{x0 - 8}" y="17" text-anchor="end">{html.escape(label)}</text>'
             f'<rect class="gbw-bar" x="{x0}" y="4" height="18" width="{p * width:.1f}"/>'
-            f'<rect class="gbw-ref" x="{x0}" y="4" height="18" width="{q * width:.1f}"/>'
-            f'<text class="gbw-val" x="{x0 + width + 8}" y="17">{p:.4f}</text></g>'
+            f'<rect class="gbw-ref" x="{x0}" y="4" height="18" width="{p * width:.1f}"/>'
+            f'<text class="gbw-val" x="{x0 + width + 8}" y="17">{_fixed(p, 4) if on else "removed"}</text></g>'
         )
     return "".join(out)
 
 
-_SAMPLING_JS = """
-    var W = 250, rows = root.querySelectorAll(".gbw-row"), status = root.querySelector(".gbw-status");
-    function larger(a, b) { return a < b ? 1 : a > b ? -1 : 0; }  // for sort: largest first, -Infinity too
-    function descending(z) {  // indices by logit, largest first, ties in vocabulary order (torch's stable sort)
-      return z.map(function (_, i) { return i; }).sort(function (a, b) { return larger(z[a], z[b]) || a - b; });
-    }
-    function softmax(z) {
-      var m = Math.max.apply(null, z), e = z.map(function (x) { return Math.exp(x - m); });
-      var s = e.reduce(function (a, b) { return a + b; }, 0);
-      return e.map(function (x) { return x / s; });
-    }
-    function filtered(z, v) {  // gptbook.sample._filter_logits: temperature, top-k, top-p, min-p, in that order
-      var zmax = Math.max.apply(null, z), t = v.temperature, out = z.map(function (x) {
-        if (t === 0) return x < zmax ? -Infinity : x;
-        var s = x - zmax;
-        return s === 0 ? s : s / t;
-      });
-      var kth = out.slice().sort(larger)[Math.min(v.top_k, out.length) - 1];
-      out = out.map(function (x) { return x < kth ? -Infinity : x; });
-      if (v.top_p < 1) {
-        var order = descending(out), p = softmax(order.map(function (i) { return out[i]; })), before = 0;
-        order.forEach(function (i, r) { if (before >= v.top_p) out[i] = -Infinity; before += p[r]; });
-      }
-      if (v.min_p > 0) {
-        var top = Math.max.apply(null, out), floor = Math.log(v.min_p);
-        out = out.map(function (x) { return x - top < floor ? -Infinity : x; });
-      }
-      return out;
-    }
-    return function (v) {
-      var z = data.prompts[Number(v.prompt)].logits, order = descending(z);
-      var out = filtered(z, v), probs = softmax(out), ref = softmax(z);
-      var kept = order.filter(function (i) { return out[i] > -Infinity; });
-      rows.forEach(function (row, r) {
-        var i = order[r], on = out[i] > -Infinity;
-        row.setAttribute("data-id", i);
-        row.setAttribute("data-p", probs[i]);
-        row.classList.toggle("gbw-off", !on);
-        row.querySelector(".gbw-label").textContent = data.tokens[i];
-        row.querySelector(".gbw-ref").setAttribute("width", (ref[i] * W).toFixed(1));
-        row.querySelector(".gbw-bar").setAttribute("width", (probs[i] * W).toFixed(1));
-        row.querySelector(".gbw-val").textContent = on ? probs[i].toFixed(4) : "removed";
-      });
-      root.setAttribute("data-kept", kept.join(","));
-      status.textContent = "Kept " + kept.length + " of " + z.length + " tokens; the most likely now has " +
-        "probability " + probs[kept[0]].toFixed(4) + " (the model's own: " + ref[kept[0]].toFixed(4) + ").";
-    };
-"""
-
-_SAMPLING_CSS = """
-#ID svg{max-width:480px}
-#ID svg text{font-size:17px}
-#ID .gbw-label{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace}
-#ID .gbw-ref{fill:none;stroke:currentColor;stroke-opacity:.5}
-#ID .gbw-bar{fill:#2f7fd8;fill-opacity:.8}
-#ID .gbw-off text{opacity:.45}
-"""
-
-
 def _sampling_figure(tokens: list, z: np.ndarray, rows: int) -> str:
     "The bars at the first settings (temperature 1, no filter: the model's own distribution) and the status line."
-    order, probs, vocab = np.argsort(-z, kind="stable")[:rows], _softmax(z), len(tokens)
+    order, probs = np.argsort(-z, kind="stable")[:rows], _softmax(z)  # a masked token (-inf) sorts last
     svg = f'<svg viewBox="0 0 420 {rows * 26 + 4}" role="img" aria-label="the most likely next tokens">'
-    svg += _bar_rows([tokens[i] for i in order], probs[order], probs[order]) + "</svg>"
-    top = f"{probs[order[0]]:.4f}"
-    status = f"Kept {vocab} of {vocab} tokens; the most likely now has probability {top} (the model's own: {top})."
-    return svg + f'<p class="gbw-status" aria-live="polite">{html.escape(status)}</p>'
+    svg += _bar_rows([tokens[i] for i in order], probs[order], np.isfinite(z[order])) + "</svg>"
+    top = _fixed(probs[order[0]], 4)
+    words = "Kept {kept} of {vocab} tokens; the most likely now has probability {p} (the model's own: {ref})."
+    return svg + _STATUS.format(_slots(words, kept=np.isfinite(z).sum(), vocab=len(tokens), p=top, ref=top))
 
 
 def sampling_lab(prompts: list, logits, tokens: list, rows: int = 12, title: str = "Sampling lab") -> Widget:
     """Sliders for temperature, top-k, top-p and min-p over the next-token `logits` (n_prompts, vocab_size) of
-    `prompts`: the kept set and its renormalised probabilities, computed in the page as `gptbook.sample` does."""
+    `prompts`: the kept set and its renormalised probabilities, computed in the page as `gptbook.sample` does.
+    A masked token (logit -inf) stays removed; the data hold it as null, since JSON has no -inf."""
     logits = np.asarray(logits, dtype=np.float64).round(5)  # what the page computes with (tests use the same)
+    if not prompts or not tokens:
+        raise ValueError(
+            f"sampling_lab needs a prompt and a token, got {len(prompts)} prompts and {len(tokens)} tokens"
+        )
     if logits.shape != (len(prompts), len(tokens)):
         raise ValueError(
             f"logits must be (len(prompts), len(tokens)) = {(len(prompts), len(tokens))}, got {logits.shape}"
         )
-    tokens, vocab = [shown(t) for t in tokens], len(tokens)
-    data = {"prompts": [{"text": p, "logits": z.tolist()} for p, z in zip(prompts, logits)], "tokens": tokens}
+    if np.isnan(logits).any() or np.isposinf(logits).any() or not np.isfinite(logits).any(-1).all():
+        raise ValueError("logits must be finite or -inf (a masked token), with a finite one for every prompt")
+    tokens, vocab = [_shown(t) for t in tokens], len(tokens)
+    data = {
+        "prompts": [
+            {"text": p, "logits": [x if x > -np.inf else None for x in z.tolist()]} for p, z in zip(prompts, logits)
+        ],
+        "tokens": tokens,
+    }
     controls = [
         choice("prompt", "prompt", [(i, repr(p)) for i, p in enumerate(prompts)]),
         slider("temperature", "temperature", 0, 2, 0.05, 1.0),
@@ -411,7 +293,7 @@ def sampling_lab(prompts: list, logits, tokens: list, rows: int = 12, title: str
         slider("min_p", "min-p", 0, 0.5, 0.01, 0.0, off=0),
     ]
     figure = _sampling_figure(tokens, logits[0], min(rows, vocab))
-    return widget("sampling", title, controls, figure, data, _SAMPLING_JS, _SAMPLING_CSS)
+    return widget("sampling", title, controls, figure, data, _asset("sampling.js"), _asset("sampling.css"))
 
 # %% ../../nbs/A5_widgets.ipynb #59e56127
 #| code-fold: true
@@ -426,104 +308,57 @@ def _tril_rows(weights: np.ndarray) -> list:
 
 
 def _attention_spans(tokens: list, row: list, query: int) -> str:
-    "The tokens as focusable spans, each key up to the query shaded by its weight in `row` (the query's row)."
-    top, spans = max(row), []
+    "The tokens as focusable spans, each key up to the query shaded (--w, 0 to 1) by its weight in the query's `row`."
+    top, spans = max(row) or 1.0, []  # a row of zeros shades nothing
     for j, t in enumerate(tokens):
         seen = j <= query
-        style = f' style="background:rgba(47,127,216,{0.85 * row[j] / top:.3f})"' if seen else ""
-        label = f"position {j} '{t}': " + (f"weight {row[j]:.4f}" if seen else "after the query, not seen")
+        shade = f' data-w="{_fixed(row[j], 4)}" style="--w:{row[j] / top:.3f}"' if seen else ""
         cls = "gbw-tok gbw-query" if j == query else "gbw-tok" if seen else "gbw-tok gbw-future"
-        weight = f' data-w="{row[j]:.4f}"' if seen else ""
         spans.append(
-            f'<span class="{cls}" data-pos="{j}"{weight} tabindex="{0 if j == query else -1}" '
-            f'aria-label="{html.escape(label)}"{style}>{html.escape(t)}</span>'
+            f'<span class="{cls}" data-pos="{j}"{shade} tabindex="{0 if j == query else -1}" '
+            f"aria-label=\"position {j} '{html.escape(t)}'\">{html.escape(t)}</span>"
         )
     return "".join(spans)
 
 
-def _attention_status(layer: int, head: int, query: int, tokens: list, row: list) -> str:
-    "The line under the tokens (the widget's script writes the same words)."
-    top = max(row[: query + 1])
-    best = row.index(top)
-    return (
-        f"Layer {layer}, head {head}: the token at position {query} ('{tokens[query]}') puts {top:.4f} of "
-        f"its attention on position {best} ('{tokens[best]}'); its {query + 1} weights sum to "
-        f"{sum(row[: query + 1]):.3f}."
+def _attention_figure(tokens: list, row: list, query: int) -> str:
+    "The spans and the status line for layer 0, head 0 and `query`, whose weights over keys 0..query are `row`."
+    best = row.index(max(row))
+    words = (
+        "Layer {layer}, head {head}: the token at position {query} ('{token}') puts {top} of its attention on "
+        "position {best} ('{best_token}'); its {count} weights sum to {sum}."
     )
-
-
-_ATTENTION_JS = """
-    var box = root.querySelector(".gbw-tokens"), status = root.querySelector(".gbw-status");
-    var spans = Array.prototype.slice.call(box.querySelectorAll(".gbw-tok")), T = data.tokens.length;
-    var query = Number(box.getAttribute("data-query")), current = {};
-    function row(v, q) {  // the query's weights over keys 0..q, from the packed lower triangle
-      var flat = data.weights[Number(v.layer) * data.n_heads + Number(v.head)], start = q * (q + 1) / 2;
-      return flat.slice(start, start + q + 1).map(function (x) { return x / 1e4; });
-    }
-    function pick(q, focus) {
-      query = Math.max(0, Math.min(T - 1, q));
-      draw(current);
-      if (focus) spans[query].focus();
-    }
-    spans.forEach(function (el, j) {
-      el.addEventListener("mouseenter", function () { pick(j, false); });
-      el.addEventListener("focus", function () { if (query !== j) pick(j, false); });
-      el.addEventListener("keydown", function (e) {
-        var to = {ArrowLeft: j - 1, ArrowRight: j + 1, ArrowUp: j - 1, ArrowDown: j + 1, Home: 0, End: T - 1}[e.key];
-        if (to === undefined) return;
-        e.preventDefault();
-        pick(to, true);
-      });
-    });
-    function draw(v) {
-      current = v;
-      var w = row(v, query), top = Math.max.apply(null, w), best = w.indexOf(top);
-      spans.forEach(function (el, j) {
-        var seen = j <= query;
-        el.className = j === query ? "gbw-tok gbw-query" : seen ? "gbw-tok" : "gbw-tok gbw-future";
-        el.tabIndex = j === query ? 0 : -1;
-        el.style.background = seen ? "rgba(47,127,216," + (0.85 * w[j] / top).toFixed(3) + ")" : "";
-        if (seen) el.setAttribute("data-w", w[j].toFixed(4)); else el.removeAttribute("data-w");
-        el.setAttribute("aria-label", "position " + j + " '" + data.tokens[j] + "': " +
-          (seen ? "weight " + w[j].toFixed(4) : "after the query, not seen"));
-      });
-      box.setAttribute("data-query", query);
-      status.textContent = "Layer " + Number(v.layer) + ", head " + Number(v.head) +
-        ": the token at position " + query + " ('" + data.tokens[query] + "') puts " + top.toFixed(4) +
-        " of its attention on position " + best + " ('" + data.tokens[best] + "'); its " + (query + 1) +
-        " weights sum to " + w.reduce(function (a, b) { return a + b; }, 0).toFixed(3) + ".";
-    }
-    return draw;
-"""
-
-_ATTENTION_CSS = """
-#ID .gbw-tokens{line-height:2;font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:1.05em}
-#ID .gbw-tok{display:inline-block;white-space:pre;min-width:.9em;text-align:center;padding:0 .12em;
-margin:.08em .04em;border-radius:3px;line-height:1.5;cursor:pointer}
-#ID .gbw-query{box-shadow:0 0 0 2px currentColor}
-#ID .gbw-future{opacity:.4}
-"""
+    values = dict(layer=0, head=0, query=query, token=tokens[query], top=_fixed(row[best], 4), best=best)
+    values.update(best_token=tokens[best], count=query + 1, sum=_fixed(sum(row), 3))
+    status = _slots(words, **values)
+    return (
+        f'<div class="gbw-tokens" data-query="{query}" role="group" aria-label="tokens: hover or focus one '
+        f'(arrow keys move) to see where it attends">{_attention_spans(tokens, row, query)}</div>'
+        + _STATUS.format(status)
+    )
 
 
 def attention_explorer(tokens: list, weights, query: int | None = None, title: str = "Attention explorer"):
     """Pick a layer and a head, then hover over or focus a token (arrow keys move) to see its attention row;
     `weights` (n_layers, n_heads, T, T) are causal attention patterns whose rows sum to 1."""
-    weights = np.asarray(weights, dtype=np.float64)
-    if weights.ndim != 4 or weights.shape[2:] != (len(tokens), len(tokens)):
-        raise ValueError(f"weights must be (n_layers, n_heads, T, T) with T = {len(tokens)}, got {weights.shape}")
-    L, H, T, _ = weights.shape
-    tokens, query = [shown(t) for t in tokens], T - 1 if query is None else query
-    data = {"tokens": tokens, "n_heads": H, "weights": _tril_rows(weights)}
+    weights, T = np.asarray(weights, dtype=np.float64), len(tokens)
+    if weights.ndim != 4 or weights.shape[2:] != (T, T) or not weights.size:
+        raise ValueError(
+            f"weights must be (n_layers, n_heads, T, T), none 0, with T = len(tokens) = {T}, got {weights.shape}"
+        )
+    if not np.isfinite(weights).all():
+        raise ValueError("weights must be finite: pass attention probabilities (softmax rows)")
+    query = T - 1 if query is None else query
+    if not 0 <= query < T:
+        raise ValueError(f"query must be a position in 0..{T - 1}, got {query}")
+    tokens, (L, H) = [_shown(t) for t in tokens], weights.shape[:2]
+    data = {"n_heads": H, "weights": _tril_rows(weights)}
     start = query * (query + 1) // 2
-    row = [x / 1e4 for x in data["weights"][0][start : start + query + 1]] + [0.0] * (T - query - 1)
-    figure = (
-        f'<div class="gbw-tokens" data-query="{query}" role="group" aria-label="tokens: hover or focus one '
-        f'(arrow keys move) to see where it attends">{_attention_spans(tokens, row, query)}</div>'
-        f'<p class="gbw-status" aria-live="polite">{html.escape(_attention_status(0, 0, query, tokens, row))}</p>'
-    )
+    row = [x / 1e4 for x in data["weights"][0][start : start + query + 1]]  # what the page shows: 4 decimals
     layers, heads = [(i, str(i)) for i in range(L)], [(i, str(i)) for i in range(H)]  # numbered from 0, as in Python
     controls = [choice("layer", "layer", layers), choice("head", "head", heads)]
-    return widget("attention", title, controls, figure, data, _ATTENTION_JS, _ATTENTION_CSS)
+    figure = _attention_figure(tokens, row, query)
+    return widget("attention", title, controls, figure, data, _asset("attention.js"), _asset("attention.css"))
 
 # %% ../../nbs/A5_widgets.ipynb #8140d0c4
 def rope_score(q, k, theta, m: int, n: int) -> float:
@@ -554,62 +389,29 @@ def _dial_svg(q, k, theta, m: int, n: int, scale: float, size: int = 150) -> str
     return "".join(out) + "</div>"
 
 
-_ROPE_JS = """
-    var dials = root.querySelectorAll(".gbw-dial"), status = root.querySelector(".gbw-status");
-    var q = data.q, k = data.k, theta = data.theta, scale = data.scale;
-    function rotated(x, i, pos) {  // pair i of x turned by the angle pos * theta_i, as apply_rope does
-      var c = Math.cos(pos * theta[i]), s = Math.sin(pos * theta[i]), a = x[2 * i], b = x[2 * i + 1];
-      return [a * c - b * s, a * s + b * c];
-    }
-    function point(line, xy, r) {
-      line.setAttribute("x2", (Number(line.getAttribute("x1")) + xy[0] / scale * r).toFixed(2));
-      line.setAttribute("y2", (Number(line.getAttribute("y1")) - xy[1] / scale * r).toFixed(2));
-    }
-    return function (v) {
-      var n = v.position, m = n + v.offset, score = 0;
-      dials.forEach(function (g, i) {
-        var qi = rotated(q, i, m), ki = rotated(k, i, n), r = Number(g.querySelector("circle").getAttribute("r"));
-        score += qi[0] * ki[0] + qi[1] * ki[1];
-        point(g.querySelector(".gbw-q"), qi, r);
-        point(g.querySelector(".gbw-k"), ki, r);
-      });
-      root.setAttribute("data-score", score);
-      status.textContent = "Query at position " + m + ", key at position " + n + " (offset " + v.offset +
-        "): score q\\u00b7k = " + score.toFixed(6) + ".";
-    };
-"""
-
-_ROPE_CSS = """
-#ID .gbw-dials{display:flex;flex-wrap:wrap;gap:.3em}
-#ID svg.gbw-dial{width:140px;max-width:46%}
-#ID svg text{font-size:13px}
-#ID circle{fill:none;stroke:currentColor;stroke-opacity:.35}
-#ID line{stroke-width:3.5;stroke-linecap:round}
-#ID .gbw-q{stroke:#2f7fd8}
-#ID .gbw-k{stroke:#e0731c;stroke-dasharray:7 4}
-#ID .gbw-legend{margin:0}
-"""
-
-
 def rope_dial(q, k, theta, offset: int = 3, max_position: int = 200, position: int = 0, title: str = "RoPE dial"):
     """Slide the key's position n (the query sits at n + offset): each pair of q and k turns by theta_i per
     position, and the score q.k stays the same while the offset is fixed."""
     q, k, theta = (np.asarray(a, dtype=np.float64) for a in (q, k, theta))
-    if q.shape != k.shape or q.shape != (2 * len(theta),):
-        raise ValueError(f"q and k must have 2 * len(theta) = {2 * len(theta)} features, got {q.shape} and {k.shape}")
-    scale = float(max(np.hypot(q[0::2], q[1::2]).max(), np.hypot(k[0::2], k[1::2]).max()))  # the longest arrow
+    if theta.ndim != 1 or not theta.size or q.shape != (2 * theta.size,) or k.shape != q.shape:
+        raise ValueError(
+            f"q and k must have 2 * len(theta) features, len(theta) >= 1: got {q.shape}, {k.shape}, {theta.shape}"
+        )
+    if not (np.isfinite(q).all() and np.isfinite(k).all() and np.isfinite(theta).all()):
+        raise ValueError("q, k and theta must be finite")
+    longest = max(np.hypot(q[0::2], q[1::2]).max(), np.hypot(k[0::2], k[1::2]).max())
+    scale = float(longest) or 1.0  # the longest arrow reaches the rim; zero vectors stay dots at the centre
     data = {"q": q.tolist(), "k": k.tolist(), "theta": theta.tolist(), "scale": scale}
     m, n = position + offset, position
-    status = f"Query at position {m}, key at position {n} (offset {offset}): score q\u00b7k = "
-    status += f"{rope_score(q, k, theta, m, n):.6f}."
+    words = "Query at position {m}, key at position {n} (offset {offset}): score q\u00b7k = {score}."
+    status = _slots(words, m=m, n=n, offset=offset, score=_fixed(rope_score(q, k, theta, m, n), 6))
     legend = (
         '<p class="gbw-legend"><span style="color:#2f7fd8">\u2501 query q (at m)</span> \u00a0 '
         '<span style="color:#e0731c">\u254d key k (at n)</span></p>'
     )
-    figure = legend + _dial_svg(q, k, theta, m, n, scale)
-    figure += f'<p class="gbw-status" aria-live="polite">{html.escape(status)}</p>'
+    figure = legend + _dial_svg(q, k, theta, m, n, scale) + _STATUS.format(status)
     controls = [
         slider("position", "key position n", 0, max_position, 1, position),
         slider("offset", "offset m \u2212 n", 0, 16, 1, offset),
     ]
-    return widget("rope", title, controls, figure, data, _ROPE_JS, _ROPE_CSS)
+    return widget("rope", title, controls, figure, data, _asset("rope.js"), _asset("rope.css"))

@@ -34,8 +34,6 @@ def scaled_dot_product_attention(
 def causal_mask(T_q: int, T_k: int | None = None) -> np.ndarray:
     "Bool (T_q, T_k): True where query i (at absolute position T_k - T_q + i) may attend to key j."
     T_k = T_q if T_k is None else T_k
-    if T_q > T_k:
-        raise ValueError(f"T_q={T_q} queries but only T_k={T_k} keys: the keys must include every query position")
     return np.tril(np.ones((T_q, T_k), dtype=bool), k=T_k - T_q)
 
 # %% ../../nbs/03_attention.ipynb #dc0b4c70
