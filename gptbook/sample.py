@@ -81,8 +81,6 @@ class SamplingConfig(Options):
                 raise OptionError(name, f"{name} must hold at least one value (None for none), got ()")
             for value in getattr(self, name) or ():
                 check_value(name, item_type, meta, value)
-        if "" in (self.stop_strings or ()):
-            raise OptionError("stop_strings", "stop_strings must not hold an empty string (it would stop at once)")
 
 # %% ../nbs/09_sampling.ipynb #f6460a67
 def _as_tuple(value):

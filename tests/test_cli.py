@@ -267,7 +267,7 @@ def test_sample_options(run_dir, capsys):
         (["--top-p", "1.5"], "top_p"),
         (["--top-k", "0"], "top_k"),
         (["--prompt", ""], "prompt"),
-        (["--prompt", "日本"], "not in this CharTokenizer's vocabulary"),
+        (["--prompt", "日本"], "this CharTokenizer was trained on"),
         (["--num-samples", "0"], "--num-samples"),
     ],
 )

@@ -264,7 +264,7 @@ def test_unsupported_llama_options(changes, message):
 
 def test_config_from_hf_older_llama_keys(monkeypatch):
     "Older transformers write rope_theta at the top level and no rope_parameters."
-    monkeypatch.setattr(gptbook.config, "_memory_bytes", lambda: 1 << 40)  # 27 GB of weights: say the machine has them
+    monkeypatch.setattr(gptbook.config, "memory_bytes", lambda: 1 << 40)  # 27 GB of weights: say the machine has them
     cfg = dict(
         architectures=["LlamaForCausalLM"],
         model_type="llama",

@@ -695,9 +695,9 @@ def test_sampling_config_normalises_and_checks_stop():
     assert SamplingConfig(stop=[4, 5]).stop == (4, 5)
     assert SamplingConfig(stop=torch.tensor([6, 7])).stop == (6, 7)
     assert SamplingConfig(stop_strings="\n\n").stop_strings == ("\n\n",)
-    with pytest.raises(OptionError, match="stop_strings must not hold an empty string"):
+    with pytest.raises(OptionError, match="stop_strings must be a non-empty string"):
         SamplingConfig(stop_strings=["a", ""])
-    with pytest.raises(OptionError, match="stop_strings must be a str, got 3"):
+    with pytest.raises(OptionError, match="stop_strings must be a non-empty string, got 3"):
         SamplingConfig(stop_strings=("a", 3))
     with pytest.raises(OptionError, match="use_cache must be true or false, got 1"):
         SamplingConfig(use_cache=1)
