@@ -62,8 +62,9 @@ def list_checkpoints(run_dir) -> list[Path]:
 
 
 def is_checkpoint_dir(path) -> bool:
-    "Whether `path` is a checkpoint folder (named `ckpt_<step>`, or holding a state.json) rather than a run folder."
-    return step_of(path) is not None or (Path(path) / STATE).is_file()
+    "Whether `path` is a checkpoint folder (it holds state.json, or is named `ckpt_<step>` and holds no `ckpt_*`)."
+    path = Path(path)
+    return (path / STATE).is_file() or (step_of(path) is not None and not checkpoint_dirs(path))
 
 # %% ../nbs/A2_checkpoints.ipynb #619df27d
 def _rng_state(generator) -> dict:
@@ -120,9 +121,10 @@ def save_checkpoint(
             files = [p.name for p in sorted(tmp.iterdir())]
             state |= {**(meta or {}), "sha256": {f: sha256_of(tmp / f) for f in files}}
             (tmp / STATE).write_text(json.dumps(state, indent=1), encoding="utf-8")
-    except (OSError, SafetensorError) as e:  # a full disk, say: the temporary folder is gone, the others stand
-        kept = list_checkpoints(run_dir)
-        raise OSError(f"could not write {folder} ({e})" + (f"; {kept[-1]} is intact" if kept else "")) from None
+    except (OSError, SafetensorError, RuntimeError) as e:  # a full disk (torch.save's is a RuntimeError), say
+        kept = list_checkpoints(run_dir)  # the temporary folder is gone, the others stand
+        why = str(e).partition("\n")[0] + ("; is the disk full?" if isinstance(e, RuntimeError) else "")
+        raise OSError(f"could not write {folder} ({why})" + (f"; {kept[-1]} is intact" if kept else "")) from None
     for old in list_checkpoints(run_dir)[:-keep_last]:
         remove_dir(old)
     return folder
@@ -211,6 +213,10 @@ def load_weights(model, state: dict) -> None:
                 "model_config and its weights come from different runs"
             )
         load_model(model, str(_file(state, WEIGHTS)))  # fills a tied head from the one stored copy
+    except RuntimeError:  # the file vanished between its checks and its mmap: a run rotated it away
+        if path.is_file():
+            raise
+        raise FileNotFoundError(f"checkpoint {state['path']} was removed while it was read") from None
     except SafetensorError as e:
         raise ValueError(f"{path} cannot be read ({e}): the file is damaged{_earlier(path.parent)}") from None
     _check_finite(model, path)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .attention import check_heads
 from .files import memory_bytes
 from .layers import FFNKind, NormKind, NormPosition, swiglu_d_ff
 from .options import OptionError, Options, option
@@ -50,8 +49,7 @@ class GPTConfig(Options):
     )
 
     def check(self) -> None:
-        "The rules between fields: the heads' (check_heads), the table _GPT_RULES, then the size (_check_size)."
-        check_heads(self.d_model, self.n_heads, self.n_kv_heads)
+        "The rules between fields (the table _GPT_RULES, in order), then the size (_check_size)."
         for name, broken, why in _GPT_RULES:
             if broken(self):
                 raise OptionError(name, f"{name}={getattr(self, name)!r} {why.format(c=self)}")
@@ -112,6 +110,18 @@ class GPTConfig(Options):
 
 # %% ../nbs/06_model.ipynb #74265209
 _GPT_RULES = (  # (the field to blame, when the rule is broken, why: formatted with c = the config)
+    (
+        "d_model",
+        lambda c: c.d_model % c.n_heads,
+        "is not divisible by n_heads={c.n_heads}: each head gets d_model // n_heads features; "
+        "pick n_heads dividing {c.d_model}",
+    ),
+    (
+        "n_kv_heads",
+        lambda c: c.n_heads % c.resolved_kv_heads,
+        "does not divide n_heads={c.n_heads} (n_heads must be divisible by it): each key/value head serves "
+        "n_heads // n_kv_heads query heads; pick n_kv_heads dividing {c.n_heads}",
+    ),
     (
         "d_model",
         lambda c: c.positions == "rope" and c.head_dim % 2,

@@ -7,10 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import http.client
-import os
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,125 +14,12 @@ import numpy as np
 import torch
 
 from .adapters import as_tokenizer
-from .files import atomic_write, read_text, sha256_of
+from .corpus import cache_dir, tiny_shakespeare
+from .files import atomic_write, read_text
 from .tokenizer import BPETokenizer, CharTokenizer
 
 # %% auto #0
-__all__ = ['TINY_SHAKESPEARE_URL', 'TINY_SHAKESPEARE_SHA256', 'TINY_SHAKESPEARE_FILENAME', 'cache_dir', 'ChecksumError',
-           'download', 'tiny_shakespeare_path', 'tiny_shakespeare', 'train_val_split', 'encode_to_array', 'save_tokens',
-           'load_tokens', 'get_batch', 'TokenData', 'load_token_data']
-
-# %% ../nbs/07_data.ipynb #4c490a8a
-TINY_SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
-TINY_SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
-TINY_SHAKESPEARE_FILENAME = "tinyshakespeare.txt"
-
-# %% ../nbs/07_data.ipynb #7b3dc77b
-def cache_dir() -> Path:
-    "The folder where gptbook caches downloads: `$XDG_CACHE_HOME/gptbook`, else `~/.cache/gptbook`."
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "gptbook"
-
-# %% ../nbs/07_data.ipynb #86b3666c
-class ChecksumError(ValueError):
-    "A file's SHA-256 digest is not the one expected."
-
-# %% ../nbs/07_data.ipynb #692619a9
-def download(url: str, dest: str | Path, sha256: str | None = None, timeout: float = 30.0) -> Path:
-    "Download `url` to `dest` atomically, verifying its SHA-256 if given; returns `dest`."
-    dest = Path(dest)
-    h = hashlib.sha256()
-    with atomic_write(dest, "wb") as f, urllib.request.urlopen(url, timeout=timeout) as response:
-        while block := response.read(1 << 20):
-            h.update(block)
-            f.write(block)
-        if sha256 is not None and h.hexdigest() != sha256:  # raised inside: the temporary file is removed
-            raise ChecksumError(
-                f"Downloaded {url} but its SHA-256 is {h.hexdigest()}, expected {sha256}. "
-                f"The file at the URL is not the expected one; nothing was written to {dest}."
-            )
-    return dest
-
-# %% ../nbs/07_data.ipynb #e9d69eba
-def _env_data_file() -> Path | None:
-    "The file named by `$GPTBOOK_DATA` (a file, or a folder holding the file), or None if unset."
-    value = os.environ.get("GPTBOOK_DATA")
-    if not value:
-        return None
-    p = Path(value).expanduser()
-    if p.is_dir():
-        p = p / TINY_SHAKESPEARE_FILENAME
-    if not p.is_file():
-        raise FileNotFoundError(
-            f"GPTBOOK_DATA={value!r} but {p} does not exist. Point GPTBOOK_DATA at "
-            f"tinyshakespeare.txt (or a folder containing it), or unset it to use the cache."
-        )
-    return p
-
-# %% ../nbs/07_data.ipynb #2c2473fb
-def _how_to_supply(cache_file: Path) -> str:
-    return (
-        f"Supply the file in one of these ways: pass tiny_shakespeare(path='/path/to/tinyshakespeare.txt'); "
-        f"or set GPTBOOK_DATA=/path/to/tinyshakespeare.txt (or a folder containing it); "
-        f"or copy it to {cache_file}. The file is {TINY_SHAKESPEARE_URL} "
-        f"(sha256 {TINY_SHAKESPEARE_SHA256})."
-    )
-
-# %% ../nbs/07_data.ipynb #3deaa6de
-def _unset_hint(where: str) -> str:
-    return " (or point GPTBOOK_DATA elsewhere, or unset it)" if "GPTBOOK_DATA" in where else ""
-
-
-def _verified(p: Path, sha256: str, verify: bool, where: str) -> Path:
-    if verify and (digest := sha256_of(p)) != sha256:
-        raise ChecksumError(
-            f"{p} ({where}) has SHA-256 {digest}, but Tiny Shakespeare has {sha256}: it is a different or damaged "
-            f"file. For Tiny Shakespeare, replace it{_unset_hint(where)}; to train on this text, pass it as your own "
-            f"data, `gptbook train --data {p}` or load_token_data(path=...), which read any UTF-8 text; "
-            "or pass verify=False to use it as Tiny Shakespeare anyway."
-        )
-    return p
-
-# %% ../nbs/07_data.ipynb #56226e53
-def tiny_shakespeare_path(
-    path: str | Path | None = None,
-    *,
-    verify: bool = True,
-    download_missing: bool = True,
-    url: str = TINY_SHAKESPEARE_URL,
-    sha256: str = TINY_SHAKESPEARE_SHA256,
-) -> Path:
-    "Locate (and if needed download) Tiny Shakespeare: `path`, then `$GPTBOOK_DATA`, then the cache, then `url`."
-    if path is not None:
-        p = Path(path).expanduser()
-        if not p.is_file():
-            raise FileNotFoundError(
-                f"No file at {p}. Pass the path of tinyshakespeare.txt, or path=None to use "
-                f"$GPTBOOK_DATA, the cache or a download."
-            )
-        return _verified(p, sha256, verify, "the path argument")
-    if (p := _env_data_file()) is not None:
-        return _verified(p, sha256, verify, "from $GPTBOOK_DATA")
-    cached = cache_dir() / TINY_SHAKESPEARE_FILENAME
-    if cached.is_file():
-        return _verified(cached, sha256, verify, "the cache")
-    if not download_missing:
-        raise FileNotFoundError(
-            f"Tiny Shakespeare is not in the cache and download_missing=False. {_how_to_supply(cached)}"
-        )
-    try:
-        return download(url, cached, sha256=sha256)
-    except (
-        urllib.error.URLError,
-        http.client.HTTPException,
-        OSError,
-    ) as e:  # ChecksumError is a ValueError: it passes through
-        raise ConnectionError(f"Could not download Tiny Shakespeare from {url} ({e}). {_how_to_supply(cached)}") from e
-
-# %% ../nbs/07_data.ipynb #2ffbbcc3
-def tiny_shakespeare(path: str | Path | None = None, **kwargs) -> str:
-    "The text of Tiny Shakespeare (1,115,394 characters), found as `tiny_shakespeare_path` says."
-    return read_text(tiny_shakespeare_path(path, **kwargs))
+__all__ = ['train_val_split', 'encode_to_array', 'save_tokens', 'load_tokens', 'get_batch', 'TokenData', 'load_token_data']
 
 # %% ../nbs/07_data.ipynb #ec34ff1c
 def train_val_split(data, val_fraction: float = 0.1):

@@ -48,7 +48,9 @@ def atomic_write(path, mode: str | None = "w", encoding: str | None = "utf-8"):
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".tmp_{path.name}_")
     except OSError as e:  # a file where a folder should be, a read-only or full disk: name the file
-        raise OSError(e.errno, f"cannot write {path}: {e.strerror}") from None
+        blocker = next((p for p in path.parents if p.is_file()), None)
+        why = f"{blocker} is a file, not a folder" if blocker else e.strerror
+        raise OSError(e.errno, f"cannot write {path}: {why}") from None
     try:
         if mode is None:
             os.close(fd)

@@ -42,11 +42,7 @@ def text_nats(model, ids: torch.Tensor, batch_size: int = 16, max_bytes: int = 2
 
 # %% ../nbs/06_model.ipynb #cb6e39b8
 def _check_ids(ids, vocab_size: int, name: str) -> None:
-    "Token ids must be an integer tensor with values in 0..vocab_size-1: one min/max, on the host."
-    if not isinstance(ids, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor of token ids, got {type(ids).__name__}: use torch.tensor(...)")
-    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
-        raise TypeError(f"{name} must hold integer token ids (torch.long), got dtype {ids.dtype}")
+    "Token ids must lie in 0..vocab_size-1: one min/max, read on the host."
     if ids.numel() == 0 or torch.compiler.is_compiling():  # a compiled graph keeps no data-dependent branch
         return
     lo, hi = torch.stack(torch.aminmax(ids)).tolist()  # one read (one GPU sync), whatever the size

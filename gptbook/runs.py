@@ -25,7 +25,8 @@ except ImportError:  # Windows: runs are not locked
 from .checkpoint import REPLACING, STATE, checkpoint_dirs, is_checkpoint_dir, list_checkpoints, load_checkpoint
 from .checkpoint import read_state
 from .config import GPTConfig
-from .data import TINY_SHAKESPEARE_SHA256, TokenData, load_token_data, tiny_shakespeare_path
+from .corpus import TINY_SHAKESPEARE_SHA256, tiny_shakespeare_path
+from .data import TokenData, load_token_data
 from .files import atomic_write, memory_bytes, read_json, remove_dir, sha256_of
 from .model import GPT, pick_device, pick_dtype
 from .options import OptionError
@@ -99,8 +100,15 @@ def _take(fd: int, run_dir: Path) -> None:
         same = False
     if not same:  # the folder's creator removed it after a failed start: this lock guards nothing
         raise RunLocked(f"another gptbook train started in {run_dir} at the same moment; run the command again")
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+
+
+def _write_pid(fd: int, run_dir: Path) -> None:
+    "Write this process's pid into the lock file, for a second run to name; a full disk is one line."
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except OSError as e:
+        raise _unwritable(run_dir, e) from None
 
 
 @contextlib.contextmanager
@@ -115,6 +123,7 @@ def run_lock(run_dir):
     try:
         _take(fd, run_dir)
         held = True
+        _write_pid(fd, run_dir)
         yield run_dir
     finally:
         if held:  # an --overwrite run that ended before its first checkpoint leaves nothing behind
@@ -239,11 +248,9 @@ def _move_in(run_dir: Path) -> None:
     if checkpoint_dirs(new):  # until the new checkpoints move, every checkpoint in run_dir is the old run's
         for old in checkpoint_dirs(run_dir):
             remove_dir(old)
-    for name in (METRICS, CONFIG):
+    for name in (METRICS, CONFIG):  # the new run staged both; a repeat after a kill finds them moved in already
         if (new / name).is_file():
             os.replace(new / name, run_dir / name)
-        else:
-            (run_dir / name).unlink(missing_ok=True)
     for ckpt in checkpoint_dirs(new):
         os.rename(ckpt, run_dir / ckpt.name)
     new.rmdir()

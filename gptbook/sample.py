@@ -213,8 +213,6 @@ def _settings(config, max_new_tokens, temperature, top_k, top_p, use_cache) -> S
     length = {} if max_new_tokens is None else dict(max_new_tokens=max_new_tokens)
     if config is None:
         return SamplingConfig(**keywords, **length)  # checked here, once per call
-    if not isinstance(config, SamplingConfig):
-        raise TypeError(f"config must be a SamplingConfig, got {type(config).__name__}")
     if both := [k for k, v in keywords.items() if v != getattr(SamplingConfig, k)]:
         raise TypeError(f"{both[0]} was given both as a keyword and in config: use config.replace({both[0]}=...)")
     return config.replace(**length)

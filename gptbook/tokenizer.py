@@ -54,14 +54,12 @@ class CharTokenizer:
         self.chars = list(chars)
         self.stoi = {c: i for i, c in enumerate(self.chars)}
         if not self.chars or len(self.stoi) < len(self.chars) or any(len(c) != 1 for c in self.stoi):
-            raise ValueError(f"CharTokenizer needs distinct characters, one per id; got {self.chars!r:.80}")
+            raise ValueError(f"CharTokenizer needs at least one character, each distinct, one per id; got {self.chars!r:.80}")
 
     @classmethod
     def train(cls, text: str) -> CharTokenizer:
         "The sorted set of `text`'s characters. Example: 'hello' -> ['e', 'h', 'l', 'o']"
         _check_text(text, "CharTokenizer.train")
-        if not text:
-            raise ValueError("CharTokenizer.train got an empty text: there are no characters to learn")
         return cls(sorted(set(text)))
 
     @property
@@ -126,8 +124,6 @@ def merge_pair(ids, pair, new_id) -> list:
 
 
 def _check_vocab_size(vocab_size, n_special=0):
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
-        raise TypeError(f"vocab_size must be an int, got {vocab_size!r} ({type(vocab_size).__name__})")
     if vocab_size < 256 + n_special:  # byte-level BPE starts from the 256 bytes, and the special tokens
         raise ValueError(
             f"vocab_size={vocab_size} is too small: it must be at least {256 + n_special} (bytes and specials)"
@@ -298,8 +294,6 @@ def _compile_pattern(pattern, max_size: int = 100_000):
         return regex.compile(pattern)
     except regex.error as e:
         raise ValueError(f"the pre-tokenization pattern {pattern!r} is not a valid regex ({e})") from None
-    except MemoryError:
-        raise ValueError(f"the pattern {pattern!r:.80} needs more memory to compile than there is") from None
 
 
 def pretokenize(text: str, pattern=GPT2_PATTERN) -> list[str]:
@@ -427,11 +421,7 @@ def _special_ids(special_tokens, first_id: int, taken) -> dict:
 def _allowed_specials(text: str, specials: dict, allowed_special, disallowed_special) -> set:
     "The special tokens `encode` makes ids of; one in `text` but not allowed is an error (tiktoken's rule)."
     _check_text(text, "encode")
-    allowed = set(specials) if allowed_special == "all" else set(allowed_special)
-    if allowed - set(specials):
-        raise ValueError(
-            f"allowed_special names {sorted(allowed - set(specials))}, not special tokens of this tokenizer"
-        )
+    allowed = set(specials) if allowed_special == "all" else set(allowed_special) & set(specials)  # as tiktoken
     disallowed = set(specials) - allowed if disallowed_special == "all" else set(disallowed_special)
     found = regex.search(_alternation(disallowed), text) if disallowed else None
     if found:
@@ -492,8 +482,6 @@ class BPETokenizer:
     def train(cls, text: str, vocab_size: int, pattern: str | None = None, special_tokens=None) -> BPETokenizer:
         "Learn merges from `text` up to `vocab_size` ids (bytes, merges, specials); `pattern=None`: no pre-tokenizing."
         _check_text(text, "BPETokenizer.train")
-        if not text:
-            raise ValueError("BPETokenizer.train got an empty text: there is nothing to learn merges from")
         specials = list(special_tokens or [])
         _check_vocab_size(vocab_size, len(specials))
         n_merges = vocab_size - 256 - len(specials)

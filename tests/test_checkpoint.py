@@ -18,6 +18,7 @@ import pytest
 import torch
 import torch.nn as nn
 
+import gptbook.checkpoint as C
 from gptbook.checkpoint import (
     list_checkpoints,
     load_checkpoint,
@@ -101,6 +102,14 @@ def test_written_files_get_the_usual_permissions(tmp_path):
         os.umask(mask)
     for f in [tmp_path / "a.txt", *folder.iterdir()]:
         assert stat.S_IMODE(f.stat().st_mode) == 0o644, f.name
+
+
+def test_a_file_where_a_folder_should_be_is_named(tmp_path):
+    (tmp_path / "afile").write_text("not a folder")
+    for target in ("afile/x.json", "afile/sub/x.json"):
+        with pytest.raises(OSError, match="afile is a file, not a folder"):
+            with atomic_write(tmp_path / target) as f:
+                f.write("{}")
 
 
 def test_atomic_dir_replaces_an_existing_folder_and_cleans_up_on_error(tmp_path):
@@ -269,6 +278,23 @@ def test_a_damaged_newest_checkpoint_says_how_to_use_the_older_one(tmp_path):
     with pytest.raises(ValueError, match="SHA-256 differs") as e:
         load_checkpoint(tmp_path)
     assert f"mv {tmp_path / 'ckpt_0000004'}" in str(e.value) and str(tmp_path / "ckpt_0000002") in str(e.value)
+
+
+def test_a_checkpoint_rotated_away_while_it_loads_is_read_again_from_the_newest(tmp_path, monkeypatch):
+    "A run saving meanwhile removes the checkpoint between its checks and safetensors' mmap of the weights."
+    model, real, steps = tiny_gpt(), C.load_model, iter([2, 3])
+    save(tmp_path, 1, model)
+
+    def rotated(m, filename):
+        monkeypatch.setattr(C, "load_model", real)
+        save(tmp_path, next(steps), model)  # keep_last=1: the checkpoint being read goes
+        raise RuntimeError(f"unable to open file <{filename}> in read-only mode: No such file or directory (2)")
+
+    monkeypatch.setattr(C, "load_model", rotated)
+    assert load_checkpoint(tmp_path).iter == 2  # a run folder: its newest, read again
+    monkeypatch.setattr(C, "load_model", rotated)
+    with pytest.raises(FileNotFoundError, match="was removed while it was read"):  # a checkpoint folder: one line
+        load_checkpoint(tmp_path / "ckpt_0000002")
 
 
 def test_a_newer_format_is_refused(tmp_path):

@@ -15,17 +15,15 @@ import pytest
 
 from gptbook import data
 from gptbook.tokenizer import BPETokenizer, CharTokenizer
-from gptbook.data import (
+from gptbook.corpus import (
     TINY_SHAKESPEARE_SHA256,
     ChecksumError,
     cache_dir,
     download,
-    load_token_data,
-    save_tokens,
     tiny_shakespeare,
     tiny_shakespeare_path,
-    train_val_split,
 )
+from gptbook.data import load_token_data, save_tokens, train_val_split
 
 SMALL = b"To be, or not to be, that is the question:\n"
 SMALL_SHA = hashlib.sha256(SMALL).hexdigest()

@@ -232,17 +232,18 @@ def test_scratch_mirror_never_imports_torch():
 ALLOWED_IMPORTS = {
     "options": set(),
     "files": set(),
+    "corpus": {"files"},  # Tiny Shakespeare found, checked and downloaded
     "tokenizer": {"files", "adapters"},
     "adapters": set(),  # theirs (tiktoken, Hugging Face) wrapped in the few methods gptbook calls
     "positions": {"options"},
-    "attention": {"options", "positions"},
+    "attention": {"positions"},
     "layers": {"options", "attention"},
-    "config": {"options", "attention", "layers", "positions", "files"},
+    "config": {"options", "layers", "positions", "files"},
     "model": {"attention", "config", "layers", "positions", "weights"},  # weights: the reader behind GPT.from_hf
     "weights": {"config", "positions"},  # reads nanoGPT and Hugging Face weights into our names; builds no model
-    "data": {"adapters", "tokenizer", "files"},
+    "data": {"adapters", "corpus", "tokenizer", "files"},
     "checkpoint": {"files", "config", "model", "tokenizer"},
-    "runs": {"checkpoint", "config", "data", "files", "model", "options", "tokenizer"},
+    "runs": {"checkpoint", "config", "corpus", "data", "files", "model", "options", "tokenizer"},
     "train": {"checkpoint", "config", "data", "model", "options", "runs"},
     "sample": {"adapters", "options", "tokenizer"},  # duck-types the model: no model, no trainer
     "hf": {"config", "files", "model", "positions", "weights"},

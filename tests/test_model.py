@@ -128,7 +128,7 @@ def test_config_json_round_trip():
         ("n_layers", 1.5, "n_layers must be an integer, got 1.5"),
         ("n_heads", 0, "n_heads must be at least 1, got 0"),
         ("d_model", 100, "d_model=100 is not divisible by n_heads=12"),
-        ("n_kv_heads", 5, "n_heads=12 is not divisible by n_kv_heads=5"),
+        ("n_kv_heads", 5, "n_kv_heads=5 does not divide n_heads=12"),
         ("n_kv_heads", 0, "n_kv_heads must be at least 1, got 0"),
         ("d_ff", 0, "d_ff must be at least 1, got 0"),
         ("norm", "batchnorm", "norm must be one of 'layernorm', 'rmsnorm', got 'batchnorm'"),
@@ -305,12 +305,8 @@ def test_forward_names_an_out_of_range_id_and_the_vocab_size(bad, id_):
             m(torch.tensor(bad, dtype=dtype))
 
 
-def test_forward_refuses_float_ids_and_lists_and_keeps_the_ignore_index():
+def test_forward_keeps_the_ignore_index_and_takes_empty_batches():
     m = GPT(GPTConfig(**TINY))
-    with pytest.raises(TypeError, match="idx must hold integer token ids .*got dtype torch.float32"):
-        m(torch.tensor([[1.0, 2.0]]))
-    with pytest.raises(TypeError, match="idx must be a torch.Tensor of token ids, got list"):
-        m([[1, 2]])
     _, loss = m(torch.tensor([[1, 2, 3]]), targets=torch.tensor([[-100, 2, 3]]))  # cross_entropy's ignore_index
     assert torch.isfinite(loss)
     assert m(torch.zeros(0, 4, dtype=torch.long)).shape == (0, 4, 37)  # empty batches need no check

@@ -22,6 +22,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 import gptbook.checkpoint as C
+import gptbook.runs as R
 from gptbook.checkpoint import list_checkpoints, load_checkpoint
 from gptbook.cli import main
 from gptbook.runs import RunLocked, read_metrics, run_lock
@@ -250,16 +251,22 @@ def test_resume_to_a_step_already_reached_says_so(capsys, run):
 # --- a full disk ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", ["safetensors", "oserror"])
+FULL_DISK = {  # what each writer of a checkpoint raises when the disk fills up
+    "safetensors": SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)"),
+    "oserror": OSError(errno.ENOSPC, "No space left on device"),
+    "training.pt": RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534"),  # torch.save
+}
+
+
+@pytest.mark.parametrize("kind", FULL_DISK)
 def test_a_full_disk_while_saving_keeps_the_last_checkpoint(capsys, run, monkeypatch, kind):
     def full(*args, **kwargs):
-        if kind == "safetensors":
-            raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
-        raise OSError(errno.ENOSPC, "No space left on device")
+        raise FULL_DISK[kind]
 
-    monkeypatch.setattr(C, "save_model", full)
+    monkeypatch.setattr(*((C.torch, "save") if kind == "training.pt" else (C, "save_model")), full)
     status, _, err = call(capsys, "train", "--out", run, "--resume", "--max-iters", "30", "--eval-interval", "10")
-    one_line_error(status, err, f"could not write {run / 'ckpt_0000030'}", "No space left", "ckpt_0000020 is intact")
+    one_line_error(status, err, f"could not write {run / 'ckpt_0000030'}", "ckpt_0000020 is intact")
+    assert "No space left" in err or "is the disk full?" in err, err
     assert sorted(p.name for p in run.iterdir() if not p.name.startswith(".lock")) == [
         "ckpt_0000020",
         "config.json",
@@ -285,6 +292,17 @@ def test_a_real_full_disk_keeps_the_last_checkpoint(capsys, base, tmp_path):
         assert load_checkpoint(mnt / "run").iter == 20
     finally:
         subprocess.run(["umount", str(mnt)], check=True)
+
+
+def test_a_full_disk_when_a_fresh_run_starts_is_one_line_and_leaves_no_folder(capsys, tmp_path, monkeypatch):
+    def full(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", full)  # the lock's pid: the first bytes a run writes
+    out = tmp_path / "fresh"
+    status, _, err = call(capsys, "train", "--out", out, "--max-iters", "2", *T)
+    one_line_error(status, err, f"cannot write the run folder {out}", "No space left")
+    assert not out.exists()
 
 
 # --- damaged and foreign files -----------------------------------------------------------------
@@ -432,6 +450,17 @@ def test_an_overflowing_seed_names_the_flag(capsys, base):
     one_line_error(status, err, "--seed: seed must be in [0, 4294967295]")
     status, _, err = call(capsys, "sample", "--out", base, "--seed", str(10**23))
     one_line_error(status, err, "--seed must be between 0 and 2**32 - 1")
+
+
+def test_a_run_folder_named_like_a_checkpoint_folder_samples_and_resumes(capsys, tmp_path):
+    out = tmp_path / "ckpt_2024"
+    status, _, err = call(capsys, "train", "--out", out, "--max-iters", "2", "--eval-interval", "2", *T)
+    assert status == 0, err
+    status, text, err = call(capsys, "sample", out, "--device", "cpu", "--max-new-tokens", "5", "--seed", "0")
+    assert status == 0 and text.strip(), err
+    status, _, err = call(capsys, "train", "--out", out, "--resume", "--max-iters", "4", "--no-progress")
+    assert status == 0, err
+    assert load_checkpoint(out).path == out / "ckpt_0000004"
 
 
 def test_sample_needs_only_the_weights_state_and_tokenizer(capsys, run):
@@ -611,6 +640,30 @@ def _which_run(out: Path, seeds: tuple[int, int]) -> int:
     seen.add(json.loads((out / "config.json").read_text())["train_config"]["seed"])
     assert len(seen) == 1 and seen <= set(seeds), seen
     return seen.pop()
+
+
+class _Killed(BaseException):
+    "A kill -9, in this process: nothing after it runs, no handler catches it."
+
+
+def test_a_switch_finished_after_a_kill_keeps_the_new_runs_metrics_and_config(capsys, run, monkeypatch):
+    "A kill once the new run's metrics and config moved in, before its checkpoint did: the next start keeps them."
+
+    def killed_half_way(run_dir):
+        for old in list_checkpoints(run_dir):
+            shutil.rmtree(old)
+        for name in ("metrics.jsonl", "config.json"):
+            os.replace(run_dir / ".replacing" / name, run_dir / name)
+        raise _Killed
+
+    overwrite = ["--overwrite", "--seed", "5", "--max-iters", "8", "--eval-interval", "4", *T]
+    with monkeypatch.context() as m, pytest.raises(_Killed):
+        m.setattr(R, "_move_in", killed_half_way)
+        call(capsys, "train", "--out", run, *overwrite)
+    status, _, err = call(capsys, "train", "--out", run, "--resume", "--max-iters", "12", "--no-progress")
+    assert status == 0, err
+    assert _which_run(run, (1337, 5)) == 5
+    assert [r["iter"] for r in read_metrics(run)] == [0, 4, 8, 12]
 
 
 @pytest.mark.slow

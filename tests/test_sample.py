@@ -436,7 +436,6 @@ def test_forced_prompt_tokens_never_trigger_stop():
         ({}, dict(stop=True), ValueError, "stop must be an integer, got True"),
         ({}, dict(stop=2.0), ValueError, "stop must be a tuple, got 2.0"),
         ({}, dict(stop_strings="\n"), ValueError, "use stream() for stop_strings"),
-        (dict(config=dict(temperature=0)), {}, TypeError, "config must be a SamplingConfig, got dict"),
         (dict(attention_mask=torch.tensor([[1, 0, 1]])), {}, ValueError, "left padding"),
         (dict(attention_mask=torch.tensor([[0, 0, 0]])), {}, ValueError, "at least one"),
         (dict(attention_mask=torch.tensor([[1, 1]])), {}, ValueError, "attention_mask must have idx's shape (1, 3)"),

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Literal
 
 from ..checkpoint import CKPT_VERSION, list_checkpoints, load_checkpoint
-from ..data import TINY_SHAKESPEARE_SHA256
-from ..data import cache_dir as data_cache_dir
+from ..corpus import TINY_SHAKESPEARE_SHA256
+from ..corpus import cache_dir as data_cache_dir
 from ..runs import RunLocked, read_metrics
 from ..train import TrainConfig, train
 
@@ -50,7 +50,7 @@ def baby_config(tokenizer: Literal["char", "bpe"] = "char") -> TrainConfig:
 
 
 def baby_run(tokenizer: Literal["char", "bpe"] = "char", *, cache_dir=None) -> Path:
-    """The run folder of the book's baby model in `cache_dir` (default: `gptbook.data.cache_dir()`), trained once.
+    """The run folder of the book's baby model in `cache_dir` (default: `gptbook.corpus.cache_dir()`), trained once.
 
     Its name is `runs/baby-<tokenizer>-<key>`, the key a hash of `baby_config(tokenizer)`, of the text's SHA-256 and
     of the checkpoint format's version.
