@@ -29,13 +29,9 @@ def train_val_split(data, val_fraction: float = 0.1):
 
 # %% ../nbs/07_data.ipynb #a5d9ac7a
 def encode_to_array(tokenizer, text: str) -> np.ndarray:
-    "Encode `text` with `tokenizer` into a 1-D `uint16` array. Example: CharTokenizer('ab') on 'abba' -> [0, 1, 1, 0]"
-    if tokenizer.vocab_size > 2**16:
-        raise ValueError(
-            f"vocab_size {tokenizer.vocab_size} does not fit in uint16 (at most 65,536 ids); "
-            "use a smaller vocabulary or store the ids as uint32"
-        )
-    return np.asarray(tokenizer.encode(text), dtype=np.uint16)
+    "`text` as a 1-D array of ids, `uint16` (`uint32` past 65,536 ids). Example: 'abba' -> [0, 1, 1, 0]"
+    dtype = np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32
+    return np.asarray(tokenizer.encode(text), dtype=dtype)
 
 # %% ../nbs/07_data.ipynb #31d4f7ce
 def save_tokens(ids, path) -> Path:
@@ -112,7 +108,7 @@ def _bpe_ids(text: str, vocab_size: int, cache: bool):
     if cache:
         with contextlib.suppress(OSError, ValueError, TypeError):  # not cached yet, or damaged: train again
             tok, ids = BPETokenizer.load(stem.with_suffix(".json")), np.load(stem.with_suffix(".npy"), mmap_mode="r")
-            if ids.dtype == np.uint16 and ids.ndim == 1 and tok.decode(ids) == text:
+            if ids.dtype in (np.uint16, np.uint32) and ids.ndim == 1 and tok.decode(ids) == text:
                 return tok, ids
     tok = BPETokenizer.train(text, vocab_size)
     ids = encode_to_array(tok, text)

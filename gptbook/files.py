@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['MAX_TEXT_BYTES', 'fsync_dir', 'atomic_write', 'remove_dir', 'atomic_dir', 'sha256_of', 'read_text', 'read_json', 'memory_bytes']
+__all__ = ['MAX_TEXT_BYTES', 'fsync_dir', 'atomic_write', 'remove_dir', 'atomic_dir', 'sha256_of', 'read_text', 'read_json', 'read_format', 'built_from', 'memory_bytes']
 
 # %% ../nbs/A2_checkpoints.ipynb #e4747d22
 def fsync_dir(path) -> None:
@@ -144,6 +144,28 @@ def read_json(path, what: str = "JSON"):
         return json.loads(read_text(path, what, max_bytes=2**28))
     except json.JSONDecodeError as e:
         raise ValueError(f"{path} is not valid JSON ({e})") from None
+
+
+def read_format(path, types: tuple, what: str) -> dict:
+    'The JSON object in `path`, whose "type" is one of `types` and whose "version" is 1; else one line naming it.'
+    contents = read_json(path, what)
+    found = contents.get("type") if isinstance(contents, dict) else None
+    if found not in types:
+        expected = " or ".join(f'"{t}"' for t in types)
+        raise ValueError(f'{path} is not a {what} file: its "type" is {found!r}, expected {expected}')
+    if contents.get("version", 1) != 1:
+        raise ValueError(f"{path} has format version {contents['version']!r}; this gptbook reads version 1")
+    return contents
+
+
+def built_from(path, build):
+    "`build()`, with an error about the file's contents (a field missing, or of the wrong kind) as one line naming it."
+    try:
+        return build()
+    except KeyError as e:
+        raise ValueError(f"{path} has no {e} field: the file is damaged, or not gptbook's") from None
+    except (TypeError, ValueError, AttributeError) as e:
+        raise ValueError(f"{path}: {e}") from None
 
 # %% ../nbs/A2_checkpoints.ipynb #347e34b0
 def memory_bytes() -> int | None:

@@ -124,10 +124,17 @@ class OptionError(ValueError):
 def check_value(name: str, hint, meta: dict, value) -> None:
     "Raise `OptionError` naming `name` when `value` breaks the field's type or range."
     base, optional = split_optional(hint)
+    item = typing.get_args(base)[0] if typing.get_origin(base) is tuple else None  # tuple[X, ...]: each item an X
     if value is None:
         if optional:
             return
         problem = _type_error(base, object()) or "set"
+    elif item is not None and isinstance(value, tuple):
+        if not value:
+            raise OptionError(name, f"{name} must hold at least one value (None for none), got ()")
+        for v in value:
+            check_value(name, item, meta, v)
+        return
     else:
         problem = _type_error(base, value)
         if problem is None and isinstance(value, (int, float)) and not isinstance(value, bool):

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import torch
 
 from .adapters import TokenizerAdapter, as_tokenizer
-from .options import OptionError, Options, check_value, option
+from .options import OptionError, Options, option
 from .tokenizer import BPETokenizer
 
 # %% auto #0
@@ -65,7 +65,7 @@ class SamplingConfig(Options):
         why="1 changes nothing, 1.1 to 1.3 is typical",
     )
     stop: tuple[int, ...] | None = option(
-        None, "token ids that end a row (generate keeps it, stream does not print it)"
+        None, "token ids that end a row (generate keeps it, stream does not print it)", min=0
     )
     stop_strings: tuple[str, ...] | None = option(None, "text that ends a stream, not printed (stream only)")
     use_cache: bool = option(True, "keep each layer's keys and values (KV cache): the same tokens, much faster")
@@ -73,14 +73,6 @@ class SamplingConfig(Options):
     def __post_init__(self):
         self.stop, self.stop_strings = _as_tuple(self.stop), _as_tuple(self.stop_strings)  # one value or several
         super().__post_init__()
-
-    def check(self):
-        "stop: None or token ids >= 0; stop_strings: None or non-empty strings."
-        for name, item_type, meta in [("stop", int, {"min": 0}), ("stop_strings", str, {})]:
-            if getattr(self, name) == ():
-                raise OptionError(name, f"{name} must hold at least one value (None for none), got ()")
-            for value in getattr(self, name) or ():
-                check_value(name, item_type, meta, value)
 
 # %% ../nbs/09_sampling.ipynb #f6460a67
 def _as_tuple(value):

@@ -13,11 +13,10 @@ import re
 import warnings
 from collections import Counter, defaultdict
 from itertools import chain
-from pathlib import Path
 
 import regex
 
-from .files import atomic_write
+from .files import atomic_write, built_from, read_format
 
 # %% auto #0
 __all__ = ['GPT2_PATTERN', 'CharTokenizer', 'count_pairs', 'merge_pair', 'train_bpe_naive', 'bpe_merges', 'pretokenize',
@@ -54,7 +53,9 @@ class CharTokenizer:
         self.chars = list(chars)
         self.stoi = {c: i for i, c in enumerate(self.chars)}
         if not self.chars or len(self.stoi) < len(self.chars) or any(len(c) != 1 for c in self.stoi):
-            raise ValueError(f"CharTokenizer needs at least one character, each distinct, one per id; got {self.chars!r:.80}")
+            raise ValueError(
+                f"CharTokenizer needs at least one character, each distinct, one per id; got {self.chars!r:.80}"
+            )
 
     @classmethod
     def train(cls, text: str) -> CharTokenizer:
@@ -95,7 +96,7 @@ class CharTokenizer:
     def load(cls, path) -> CharTokenizer:
         "Read a file written by `save`."
         contents = _read_tokenizer_file(path, "char")
-        return _from_file(path, lambda: cls(contents["chars"]))
+        return built_from(path, lambda: cls(contents["chars"]))
 
     def __repr__(self):
         return f"CharTokenizer(vocab_size={self.vocab_size})"
@@ -556,7 +557,7 @@ class BPETokenizer:
     def load(cls, path) -> BPETokenizer:
         "Read a file written by `save`; the text of each merge must agree with its ids."
         c = _read_tokenizer_file(path, "bpe")
-        tok = _from_file(
+        tok = built_from(
             path, lambda: cls([m[:2] for m in c["merges"]], c.get("pattern"), c.get("special_tokens"), c.get("ids"))
         )
         for i, m in enumerate(c["merges"]):
@@ -578,7 +579,7 @@ class BPETokenizer:
         from gptbook.adapters import hf_parts
 
         file, parts = hf_parts(path)
-        return _from_file(file, lambda: cls(*parts))
+        return built_from(file, lambda: cls(*parts))
 
     def to_tiktoken(self, name: str = "gptbook"):
         "A `tiktoken.Encoding` that gives the same ids (built by gptbook.adapters, which imports tiktoken only then)."
@@ -601,36 +602,14 @@ class BPETokenizer:
 
 # %% ../nbs/01_tokenizer.ipynb #dd87abbe
 _KINDS = {"char": "CharTokenizer", "bpe": "BPETokenizer"}
-_DAMAGED = "the tokenizer file is damaged or not gptbook's; write it again with tokenizer.save(path)"
 
 
 def _read_tokenizer_file(path, kind: str | None = None) -> dict:
-    'The JSON of gptbook\'s tokenizer file `path`, whose "type" must be `kind` ("char" or "bpe") if given.'
-    try:
-        contents = json.loads(Path(path).read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path} is not valid JSON ({e}): {_DAMAGED}") from None
-    except UnicodeDecodeError as e:
-        bad = f"byte {e.object[e.start]:#04x} at position {e.start}"
-        raise ValueError(f"{path} is not UTF-8 text ({bad}): {_DAMAGED}") from None
-    found = contents.get("type") if isinstance(contents, dict) else None
-    if found not in ("char", "bpe") or kind not in (None, found):
-        fix = f" (use {_KINDS[found]}.load for it, or load_tokenizer for either)" if found in ("char", "bpe") else ""
-        what, expected = (_KINDS[kind], f'"{kind}"') if kind else ("gptbook tokenizer", '"char" or "bpe"')
-        raise ValueError(f'{path} is not a {what} file: its "type" is {found!r}, expected {expected}{fix}')
-    if contents.get("version", 1) != 1:
-        raise ValueError(f"{path} has format version {contents['version']!r}; this gptbook reads version 1")
+    'The JSON of gptbook\'s tokenizer file `path` (files.read_format), whose "type" must be `kind` if given.'
+    contents = read_format(path, tuple(_KINDS), "gptbook tokenizer")
+    if kind not in (None, found := contents["type"]):
+        raise ValueError(f"{path} holds a {_KINDS[found]}: use {_KINDS[found]}.load, or load_tokenizer for either")
     return contents
-
-
-def _from_file(path, build):
-    "`build()`, with any error about the file's contents (a field missing, or of the wrong kind) as one line naming it."
-    try:
-        return build()
-    except KeyError as e:
-        raise ValueError(f"{path} has no {e} field: {_DAMAGED}") from None
-    except (TypeError, ValueError, AttributeError) as e:
-        raise ValueError(f"{path}: {e}") from None
 
 
 def load_tokenizer(path) -> CharTokenizer | BPETokenizer:

@@ -765,7 +765,6 @@ def test_settings_are_checked_once_per_call_not_per_token(monkeypatch):
         return real(name, *args)
 
     monkeypatch.setattr(gptbook.options, "check_value", counting)
-    monkeypatch.setattr(gptbook.sample, "check_value", counting)
     m = RunningMeanLM(vocab_size=256)
     cfg = SamplingConfig(temperature=0.9, top_k=50, top_p=0.95, min_p=0.01, repetition_penalty=1.1)
     counts = []
