@@ -54,10 +54,7 @@ class KVCache:
         "Append (B, n_kv_heads, T, head_dim) keys/values; return views of all positions stored so far."
         T = k_new.shape[2]
         if self.pos + T > self.max_seq_len:
-            raise ValueError(
-                f"cache holds {self.pos} positions, adding T={T} exceeds max_seq_len={self.max_seq_len}: "
-                f"make the cache larger or crop the context"
-            )
+            raise ValueError(f"the cache holds {self.pos} positions: T={T} more exceed max_seq_len={self.max_seq_len}")
         self.k[:, :, self.pos : self.pos + T] = k_new
         self.v[:, :, self.pos : self.pos + T] = v_new
         self.pos += T
@@ -83,7 +80,7 @@ class MultiHeadAttention(nn.Module):
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         if d_model % n_heads or n_heads % n_kv_heads:  # GPTConfig names the field; a layer built by hand gets this
             raise ValueError(
-                f"d_model={d_model} must be divisible by n_heads={n_heads}, and that by n_kv_heads={n_kv_heads}"
+                f"d_model={d_model} must be divisible by n_heads={n_heads}, and n_heads by n_kv_heads={n_kv_heads}"
             )
         self.d_model, self.n_heads, self.n_kv_heads = d_model, n_heads, n_kv_heads
         self.head_dim = d_model // n_heads

@@ -66,8 +66,7 @@ def get_batch(
     n = len(data)
     if n < context_len + 1:
         raise ValueError(
-            f"the data has {n:,} tokens but a batch needs windows of context_len + 1 = {context_len + 1:,}; "
-            "use a shorter context (max_seq_len) or more text"
+            f"the data has {n:,} tokens, but a batch needs windows of context_len + 1 = {context_len + 1:,}; add text"
         )
     # Every rank draws the offsets of the whole global batch from an identically seeded generator and keeps its
     # own slice: the ranks never overlap, their generators stay in step, and the global batch is the same
@@ -144,9 +143,6 @@ def load_token_data(
     tok, ids = _tokenize(tokenizer, text, vocab_size, cache)
     if len(ids) < 2:
         name = tokenizer if isinstance(tokenizer, str) else type(tokenizer).__name__
-        raise ValueError(
-            f"{source} gives only {len(ids)} token(s) with the {name} tokenizer, but a training and a validation "
-            "part need at least 2 (and a batch far more): use a longer text"
-        )
+        raise ValueError(f"{source} gives only {len(ids)} token(s) with the {name} tokenizer: too short to train on")
     train, val = train_val_split(ids, val_fraction)
     return TokenData(train, val, tok)

@@ -34,9 +34,7 @@ class FeedForward(nn.Module):
     ):
         super().__init__()
         if activation not in choices_of(GeluKind):
-            raise ValueError(
-                f"activation={activation!r} is not one of {choices_of(GeluKind)} (SwiGLU is its own module)"
-            )
+            raise ValueError(f"activation={activation!r} is not one of {choices_of(GeluKind)}")
         d_ff = 4 * d_model if d_ff is None else d_ff  # GPT-2 widens by four
         self.activation = activation
         self.c_fc = nn.Linear(d_model, d_ff, bias=bias)  # rows: the "keys" of a key-value memory

@@ -130,7 +130,7 @@ def check_value(name: str, hint, meta: dict, value) -> None:
             return
         problem = _type_error(base, object()) or "set"
     elif item is not None and isinstance(value, tuple):
-        if not value:
+        if not value and optional:  # () where None means none
             raise OptionError(name, f"{name} must hold at least one value (None for none), got ()")
         for v in value:
             check_value(name, item, meta, v)

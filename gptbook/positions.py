@@ -29,9 +29,7 @@ class LearnedPositions(nn.Module):
         "Rows start..start+T-1 of the table: (T, d_model)."
         if T < 0 or start < 0 or start + T > self.max_seq_len:
             raise ValueError(
-                f"positions {start}..{start + T - 1} exceed max_seq_len={self.max_seq_len} of the learned position "
-                f"table (T={T} tokens from position {start}): crop the context to {self.max_seq_len} tokens; "
-                "a learned table has no rows beyond it"
+                f"positions {start}..{start + T - 1} exceed max_seq_len={self.max_seq_len}: crop the context"
             )
         return self.weight[start : start + T]  # (T, d_model)
 
@@ -49,8 +47,7 @@ def _check_rope_shapes(x, cos, sin):
     T, d = x.shape[-2], x.shape[-1]
     if cos.shape != sin.shape or cos.shape[-1] * 2 != d or cos.shape[-2] != T:
         raise ValueError(
-            f"x has T={T}, head_dim={d}, so cos and sin must be ({T}, {d // 2}); got "
-            f"cos {tuple(cos.shape)}, sin {tuple(sin.shape)}: slice the tables to the positions of x"
+            f"cos and sin must be ({T}, {d // 2}) (x's T, head_dim // 2); got {tuple(cos.shape)}: slice the tables"
         )
 
 # %% ../nbs/04_positions.ipynb #9f9fb30d

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import math
 import os
 import shutil
 import stat
@@ -33,7 +34,25 @@ from .options import OptionError
 from .tokenizer import BPETokenizer
 
 # %% auto #0
-__all__ = ['LOCK', 'METRICS', 'CONFIG', 'STAGING', 'FIXED_BY_WEIGHTS', 'FIXED_ON_RESUME', 'NOT_SHAPE', 'RunLocked', 'run_lock', 'append_metrics', 'read_metrics', 'trim_metrics', 'save_run_config', 'load_run_config', 'start_run', 'commit_run', 'check_same_data', 'run_data', 'check_fits', 'last_good', 'interrupted', 'header', 'summary', 'Pretrained', 'pretrained']
+__all__ = ['TrainingDiverged', 'check_evaluation', 'LOCK', 'METRICS', 'CONFIG', 'STAGING', 'FIXED_BY_WEIGHTS', 'FIXED_ON_RESUME', 'NOT_SHAPE', 'RunLocked', 'run_lock', 'append_metrics', 'read_metrics', 'trim_metrics', 'save_run_config', 'load_run_config', 'start_run', 'commit_run', 'check_same_data', 'run_data', 'check_fits', 'last_good', 'interrupted', 'header', 'summary', 'Pretrained', 'pretrained']
+
+# %% ../nbs/08_training.ipynb #acb507b8
+#| code-fold: true
+class TrainingDiverged(FloatingPointError):
+    "The loss became NaN or infinite, or the validation loss exploded."
+
+
+def check_evaluation(record: dict, history: list[dict], factor: float, out_dir: Path) -> None:
+    "Raise TrainingDiverged for an evaluation whose loss is not finite, or over `factor` times the best so far."
+    best = min((r["val_loss"] for r in history), default=math.inf)
+    step, train, val = record["iter"], record["train_loss"], record["val_loss"]
+    if math.isfinite(val) and math.isfinite(train) and val <= factor * best:
+        return
+    over = f" (over diverge_factor={factor:g} x the best so far, {best:.4f})" if math.isfinite(val) else ""
+    raise TrainingDiverged(
+        f"the evaluation at step {step} gives train loss {train:.4g}, val loss {val:.4g}{over}: "
+        f"the run diverged, and step {step} was not saved. " + last_good(out_dir)
+    )
 
 # %% ../nbs/A2_checkpoints.ipynb #7be1241f
 LOCK, METRICS, CONFIG = ".lock", "metrics.jsonl", "config.json"

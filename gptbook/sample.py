@@ -287,8 +287,7 @@ def _prompt_lengths(idx, attention_mask):
     m = torch.as_tensor(attention_mask, device=idx.device).long()  # (B, T)
     if m.shape != idx.shape or not (((m == 0) | (m == 1)).all() and (m[:, 1:] >= m[:, :-1]).all() and m[:, -1].all()):
         raise ValueError(
-            f"attention_mask must have idx's shape {tuple(idx.shape)} and be left padding: in each row 0s, then "
-            "1s for the tokens, at least one (pad_prompts makes one)"
+            f"attention_mask must have idx's shape {tuple(idx.shape)} and be left padding: see pad_prompts"
         )
     return m.sum(1)
 
@@ -320,9 +319,7 @@ def generate(
     "Continue each prompt of idx (B, T) by max_new_tokens tokens -> (B, T + max_new_tokens), fewer if all rows stopped."
     config = _settings(config, max_new_tokens, temperature, top_k, top_p, use_cache)
     if config.stop_strings is not None:
-        raise OptionError(
-            "stop_strings", "generate sees token ids only: give stop (token ids), or use stream() for stop_strings"
-        )
+        raise OptionError("stop_strings", "generate sees token ids only: give stop, or use stream() for stop_strings")
     _check_call(model, idx, config)
     lengths = _prompt_lengths(idx, attention_mask)  # (B,)
     if config.max_new_tokens == 0:

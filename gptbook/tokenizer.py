@@ -53,9 +53,7 @@ class CharTokenizer:
         self.chars = list(chars)
         self.stoi = {c: i for i, c in enumerate(self.chars)}
         if not self.chars or len(self.stoi) < len(self.chars) or any(len(c) != 1 for c in self.stoi):
-            raise ValueError(
-                f"CharTokenizer needs at least one character, each distinct, one per id; got {self.chars!r:.80}"
-            )
+            raise ValueError(f"CharTokenizer needs at least one character, each distinct; got {self.chars!r:.80}")
 
     @classmethod
     def train(cls, text: str) -> CharTokenizer:
@@ -126,9 +124,7 @@ def merge_pair(ids, pair, new_id) -> list:
 
 def _check_vocab_size(vocab_size, n_special=0):
     if vocab_size < 256 + n_special:  # byte-level BPE starts from the 256 bytes, and the special tokens
-        raise ValueError(
-            f"vocab_size={vocab_size} is too small: it must be at least {256 + n_special} (bytes and specials)"
-        )
+        raise ValueError(f"vocab_size={vocab_size} is too small: at least {256 + n_special} (bytes and specials)")
 
 
 def train_bpe_naive(data, vocab_size: int) -> dict:
@@ -288,8 +284,7 @@ def _compile_pattern(pattern, max_size: int = 100_000):
     size = len(pattern) * math.prod(max(int(n), 1) for n in regex.findall(r"\{(\d{1,9})", pattern))
     if size > max_size:
         raise ValueError(
-            f"the pre-tokenization pattern {pattern!r:.80} has counted repeats that could make regex build "
-            f"{size:,} nodes (the limit is {max_size:,}); use smaller counts, or + and *"
+            f"the pattern {pattern!r:.60} has counted repeats that could build {size:,} nodes (limit {max_size:,})"
         )
     try:
         return regex.compile(pattern)
@@ -307,16 +302,12 @@ def pretokenize(text: str, pattern=GPT2_PATTERN) -> list[str]:
         matches = list(pat.finditer(text, timeout=seconds))
     except TimeoutError:
         raise ValueError(
-            f"the pre-tokenization pattern {pat.pattern!r} ran over {seconds:.1f} s on {len(text):,} characters: "
-            "it backtracks without end on this text (ReDoS); use GPT2_PATTERN or a simpler pattern"
+            f"the pattern {pat.pattern!r:.60} ran over {seconds:.1f} s on {len(text):,} characters (ReDoS)"
         ) from None
     ends = [0] + [m.end() for m in matches]  # each match must start where the one before ended, the last end last
     skipped = next((end for m, end in zip([*matches, None], ends) if (m.start() if m else len(text)) != end), None)
     if skipped is not None:  # a pattern that skips characters would lose text silently
-        raise ValueError(
-            f"the pre-tokenization pattern does not match {text[skipped]!r} at position {skipped}, so that "
-            "text would be lost; use a pattern that matches every character (GPT2_PATTERN does)"
-        )
+        raise ValueError(f"the pattern does not match {text[skipped]!r} at position {skipped}: that text would be lost")
     return [m.group() for m in matches]
 
 # %% ../nbs/01_tokenizer.ipynb #b0748b7c

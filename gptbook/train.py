@@ -31,11 +31,11 @@ from .data import TokenData, get_batch
 from .model import GPT, autocast, lm_loss, pick_device, pick_dtype
 from .options import OptionError, Options, option
 from .runs import FIXED_BY_WEIGHTS, FIXED_ON_RESUME, append_metrics, check_fits, commit_run, header, interrupted
-from .runs import last_good, pretrained, run_data, run_lock, save_run_config, start_run, summary, trim_metrics
+from .runs import TrainingDiverged, check_evaluation, last_good, pretrained, run_data, run_lock, save_run_config
+from .runs import start_run, summary, trim_metrics
 
 # %% auto #0
-__all__ = ['lr_at', 'param_groups', 'make_optimizer', 'TrainConfig', 'TrainingDiverged', 'Ranks', 'Trainer', 'init_distributed',
-           'train']
+__all__ = ['lr_at', 'param_groups', 'make_optimizer', 'TrainConfig', 'Ranks', 'Trainer', 'init_distributed', 'train']
 
 # %% ../nbs/08_training.ipynb #d3808619
 def lr_at(it: int, max_lr: float, warmup_iters: int, max_iters: int, min_lr: float) -> float:
@@ -116,10 +116,6 @@ class TrainConfig(Options):
         return lr_at(step, self.lr, self.warmup_iters, self.max_iters, self.lr * self.min_lr_ratio)
 
 # %% ../nbs/08_training.ipynb #441da4a3
-class TrainingDiverged(FloatingPointError):
-    "The loss became NaN or infinite, or the validation loss exploded."
-
-
 class Ranks(NamedTuple):
     "Where this process sits among the training processes (what `init_distributed` returns)."
 
@@ -260,7 +256,7 @@ class Trainer:
 
     def _log(self, record: dict) -> None:
         "Keep the record, refusing a diverged one (it is never saved); on rank 0 append it to metrics.jsonl."
-        _check_evaluation(record, self.history, self.cfg.diverge_factor, self.out_dir)
+        check_evaluation(record, self.history, self.cfg.diverge_factor, self.out_dir)
         self.last_eval_step = self.step
         self.history.append(record)
         if self.is_main:
@@ -268,19 +264,6 @@ class Trainer:
 
 # %% ../nbs/08_training.ipynb #02c5263b
 #| code-fold: true
-def _check_evaluation(record: dict, history: list[dict], factor: float, out_dir: Path) -> None:
-    "Raise TrainingDiverged for an evaluation whose loss is not finite, or over `factor` times the best so far."
-    best = min((r["val_loss"] for r in history), default=math.inf)
-    step, train, val = record["iter"], record["train_loss"], record["val_loss"]
-    if math.isfinite(val) and math.isfinite(train) and val <= factor * best:
-        return
-    over = f" (over diverge_factor={factor:g} x the best so far, {best:.4f})" if math.isfinite(val) else ""
-    raise TrainingDiverged(
-        f"the evaluation at step {step} gives train loss {train:.4g}, val loss {val:.4g}{over}: "
-        f"the run diverged, and step {step} was not saved. " + last_good(out_dir)
-    )
-
-
 class _Progress:
     "What a run shows as it goes (a bar on a terminal, a line every 10% in a log) and the timing of its records."
 

@@ -437,7 +437,7 @@ def test_forced_prompt_tokens_never_trigger_stop():
         ({}, dict(stop=2.0), ValueError, "stop must be a tuple, got 2.0"),
         ({}, dict(stop_strings="\n"), ValueError, "use stream() for stop_strings"),
         (dict(attention_mask=torch.tensor([[1, 0, 1]])), {}, ValueError, "left padding"),
-        (dict(attention_mask=torch.tensor([[0, 0, 0]])), {}, ValueError, "at least one"),
+        (dict(attention_mask=torch.tensor([[0, 0, 0]])), {}, ValueError, "left padding"),
         (dict(attention_mask=torch.tensor([[1, 1]])), {}, ValueError, "attention_mask must have idx's shape (1, 3)"),
     ],
 )

@@ -46,7 +46,7 @@ def multi_head_attention(
     n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
     if d_model % n_heads or n_heads % n_kv_heads:
         raise ValueError(
-            f"d_model={d_model} must be divisible by n_heads={n_heads}, and that by n_kv_heads={n_kv_heads}"
+            f"d_model={d_model} must be divisible by n_heads={n_heads}, and n_heads by n_kv_heads={n_kv_heads}"
         )
     head_dim = d_model // n_heads
     qkv = x @ param(params, "c_attn.weight").T  # (B, T, (n_heads + 2 n_kv_heads) head_dim)

@@ -35,8 +35,7 @@ def _check_rope_shapes(x, cos, sin):
     T, d = x.shape[-2], x.shape[-1]
     if cos.shape != sin.shape or cos.shape[-1] * 2 != d or cos.shape[-2] != T:
         raise ValueError(
-            f"x has T={T}, head_dim={d}, so cos and sin must be ({T}, {d // 2}); got "
-            f"cos {tuple(cos.shape)}, sin {tuple(sin.shape)}: slice the tables to the positions of x"
+            f"cos and sin must be ({T}, {d // 2}) (x's T, head_dim // 2); got {tuple(cos.shape)}: slice the tables"
         )
 
 # %% ../../nbs/04_positions.ipynb #3d428cdb
