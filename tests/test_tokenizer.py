@@ -690,7 +690,7 @@ def test_a_pattern_too_big_to_compile_is_refused_before_compiling(tmp_path):
             try:
                 load_tokenizer(path)
             except ValueError as e:
-                print(round(time.perf_counter() - t0, 1), str(e).startswith(path), "counted repeats that could build" in str(e))
+                print(round(time.perf_counter() - t0, 1), str(e).startswith(path), "counted repeats" in str(e))
         """),
         memory_gb=1,
     )
