@@ -42,6 +42,17 @@ def _refuse(key: str, value, why: str):
     raise ValueError(f"config.json has {key}={value!r}: {why}, which GPT does not implement")
 
 
+def _gpt2_shape(d: dict, context: str) -> dict:
+    "The GPTConfig sizes from GPT-2's names, which HF's config.json and nanoGPT's model_args share (`context` differs)."
+    return dict(
+        vocab_size=d["vocab_size"],
+        max_seq_len=d[context],
+        n_layers=d["n_layer"],
+        n_heads=d["n_head"],
+        d_model=d["n_embd"],
+    )
+
+
 def _gpt2_config(hf: dict) -> GPTConfig:
     act = hf.get("activation_function", "gelu_new")
     ffn = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}.get(act)
@@ -52,11 +63,7 @@ def _gpt2_config(hf: dict) -> GPTConfig:
     if hf.get("scale_attn_weights") is False:
         _refuse("scale_attn_weights", False, "attention without the 1/sqrt(d_k) scale")
     return GPTConfig(
-        vocab_size=hf["vocab_size"],
-        max_seq_len=hf["n_positions"],
-        n_layers=hf["n_layer"],
-        n_heads=hf["n_head"],
-        d_model=hf["n_embd"],
+        **_gpt2_shape(hf, "n_positions"),
         d_ff=hf.get("n_inner"),
         ffn=ffn,
         tie_weights=hf.get("tie_word_embeddings", True),
@@ -389,11 +396,7 @@ def _unpickle(path: Path):
 def _nanogpt_config(model_args: dict) -> GPTConfig:
     "The GPTConfig of a nanoGPT checkpoint's `model_args`: its names, its exact GELU, its tied head."
     return GPTConfig(
-        vocab_size=model_args["vocab_size"],
-        max_seq_len=model_args["block_size"],
-        n_layers=model_args["n_layer"],
-        n_heads=model_args["n_head"],
-        d_model=model_args["n_embd"],
+        **_gpt2_shape(model_args, "block_size"),
         bias=model_args["bias"],
         dropout=model_args.get("dropout", 0.0),
         ffn="gelu",  # nn.GELU(): the exact erf form
