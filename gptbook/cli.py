@@ -293,6 +293,8 @@ def _sample(args) -> int:
     _check_sample_args(args)
     config = sampling_config_from_args(args)
     model, tokenizer = _model_to_sample(args)
+    if special := next((s for s in getattr(tokenizer, "special_tokens", None) or () if s in args.prompt), None):
+        raise ValueError(f"--prompt contains the special token {special!r}: gptbook sample reads plain text; remove it")
     g = _generator(args.seed, next(model.parameters()).device)
     for i in range(args.num_samples):
         if i:
@@ -355,6 +357,8 @@ def _tokenizer_train(args) -> int:
     if args.vocab_size < 256:
         raise ValueError(f"--vocab-size must be at least 256 (the bytes), got {args.vocab_size}")
     text = read_text(args.file)
+    if not text:
+        raise ValueError(f"{args.file} is empty: there is no text to learn merges from")
     t0 = time.perf_counter()
     tok = BPETokenizer.train(text, args.vocab_size, pattern=GPT2_PATTERN if args.pattern else None)
     tok.save(args.out)

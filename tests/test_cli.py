@@ -429,6 +429,29 @@ def test_eval_errors_are_one_line(capsys, run_dir, tmp_path):
     ):
         one_line(*call(capsys, "eval", run_dir[0], "--data", bad)[::2], text)
         one_line(*call(capsys, "tokenizer", "train", bad, "--vocab-size", 300, "--out", tmp_path / "t.json")[::2], text)
+    (tmp_path / "empty.txt").write_text("", encoding="utf-8")
+    status, _, err = call(
+        capsys, "tokenizer", "train", tmp_path / "empty.txt", "--vocab-size", 300, "--out", tmp_path / "t.json"
+    )
+    one_line(status, err, "empty.txt is empty")
+
+
+def test_a_prompt_with_a_special_token_is_refused_in_the_cli_s_words(capsys, tmp_path):
+    "The tokenizer's advice names Python keywords (allowed_special=...); the command has no such flag."
+    from gptbook.config import GPTConfig
+    from gptbook.hf import save_hf
+    from gptbook.model import GPT
+    from gptbook.tokenizer import BPETokenizer
+
+    tok = BPETokenizer.train("hello world " * 50, 300, special_tokens=["<|endoftext|>"])
+    save_hf(
+        GPT(GPTConfig(vocab_size=tok.vocab_size, max_seq_len=16, n_layers=1, n_heads=2, d_model=16)),
+        tmp_path / "m",
+        tok,
+    )
+    status, _, err = call(capsys, "sample", "--hf", tmp_path / "m", "--prompt", "<|endoftext|>hello", "--device", "cpu")
+    one_line(status, err, "--prompt contains the special token '<|endoftext|>'", "plain text")
+    assert "allowed_special" not in err
 
 
 def test_eval_bounds_its_memory_whatever_the_batch_size(capsys, run_dir, tmp_path, shakespeare):

@@ -228,6 +228,10 @@ def test_resume_tells_a_changed_a_missing_and_another_data_file_apart(capsys, tm
     data.write_text(shakespeare[50_000:100_000], encoding="utf-8")  # the same alphabet, another text
     status, _, err = call(capsys, "train", "--out", tmp_path / "r", "--resume", "--max-iters", "8")
     one_line_error(status, err, f"the data file {data} changed since the run started")
+    other = tmp_path / "other.txt"
+    other.write_text(shakespeare[200_000:250_000], encoding="utf-8")
+    status, _, err = call(capsys, "train", "--out", tmp_path / "r", "--resume", "--max-iters", "8", "--data", other)
+    one_line_error(status, err, "is not the run's data file")
     data.unlink()
     status, _, err = call(capsys, "train", "--out", tmp_path / "r", "--resume", "--max-iters", "8")
     one_line_error(status, err, f"the run's data file {data} is gone", "--data PATH")
