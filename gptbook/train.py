@@ -399,4 +399,6 @@ def train(cfg=None, model_config=None, *, resume=False, data=None, overwrite=Fal
         trainer.fit()
         if trainer.is_main:
             print(summary(trainer, time.perf_counter() - t0), flush=True)
+        if ranks.world_size > 1:
+            dist.barrier()  # leave together: a rank whose peer has gone aborts in gloo's teardown
     return trainer

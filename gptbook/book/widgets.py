@@ -406,8 +406,8 @@ def rope_dial(q, k, theta, offset: int = 3, max_position: int = 200, position: i
     words = "Query at position {m}, key at position {n} (offset {offset}): score q\u00b7k = {score}."
     status = _slots(words, m=m, n=n, offset=offset, score=_fixed(rope_score(q, k, theta, m, n), 6))
     legend = (
-        '<p class="gbw-legend"><span style="color:#2f7fd8">\u2501 query q (at m)</span> \u00a0 '
-        '<span style="color:#e0731c">\u254d key k (at n)</span></p>'
+        '<p class="gbw-legend"><span class="gbw-lq">\u2501 query q (at m)</span> \u00a0 '
+        '<span class="gbw-lk">\u254d key k (at n)</span></p>'
     )
     figure = legend + _dial_svg(q, k, theta, m, n, scale) + _STATUS.format(status)
     controls = [
