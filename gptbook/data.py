@@ -120,29 +120,28 @@ def _bpe_ids(text: str, vocab_size: int, cache: bool):
     return tok, ids
 
 # %% ../nbs/07_data.ipynb #e7aeb467
-def _tokenize(tokenizer, text: str, vocab_size: int, cache: bool):
-    "(tokenizer, ids of `text`) for `tokenizer` = 'char', 'bpe' (trained here, or cached) or a tokenizer object."
+def _tokenize(tokenizer, train_text: str, val_text: str, vocab_size: int, cache: bool):
+    "(tokenizer, train ids, val ids); 'char', 'bpe' (trained on `train_text` only, or cached) or a tokenizer object."
     # an object: ours, a tiktoken.Encoding or a Hugging Face tokenizer (through as_tokenizer)
-    if tokenizer == "char":
-        tok = CharTokenizer.train(text)
-        return tok, encode_to_array(tok, text)
-    if tokenizer == "bpe":
-        return _bpe_ids(text, vocab_size, cache)
-    tokenizer = as_tokenizer(tokenizer)
-    return tokenizer, encode_to_array(tokenizer, text)
+    if tokenizer == "bpe":  # learns its merges from the training text: the validation text stays unseen
+        tok, train = _bpe_ids(train_text, vocab_size, cache)
+        return tok, train, encode_to_array(tok, val_text)
+    # characters: the alphabet of the whole text (no statistics of it), so that every character has an id
+    tok = CharTokenizer.train(train_text + val_text) if tokenizer == "char" else as_tokenizer(tokenizer)
+    return tok, encode_to_array(tok, train_text), encode_to_array(tok, val_text)
 
 
 def load_token_data(
     tokenizer="char", vocab_size: int = 512, path=None, val_fraction: float = 0.1, cache: bool = True
 ) -> TokenData:
-    "The text at `path` (None: Tiny Shakespeare) as ids of `tokenizer` ('char', 'bpe' or an object), split by position."
+    "The text at `path` (None: Tiny Shakespeare) split by position, as ids of `tokenizer` ('char', 'bpe' or an object)."
     text = tiny_shakespeare() if path is None else read_text(path)
     source = "Tiny Shakespeare" if path is None else Path(path).expanduser()
     if not text:
         raise ValueError(f"{source} is empty: there is no text to learn from; give a file with some text in it")
-    tok, ids = _tokenize(tokenizer, text, vocab_size, cache)
-    if len(ids) < 2:
+    tok, train, val = _tokenize(tokenizer, *train_val_split(text, val_fraction), vocab_size, cache)
+    if not len(train) or not len(val):
         name = tokenizer if isinstance(tokenizer, str) else type(tokenizer).__name__
-        raise ValueError(f"{source} gives only {len(ids)} token(s) with the {name} tokenizer: too short to train on")
-    train, val = train_val_split(ids, val_fraction)
+        n = len(train) + len(val)
+        raise ValueError(f"{source} gives only {n} token(s) with the {name} tokenizer: too short to train on")
     return TokenData(train, val, tok)

@@ -222,7 +222,9 @@ def test_load_token_data_with_tiktoken_and_hf_tokenizers(tmp_path):
 
 
 def _cached(cache_home, text_path, vocab_size=300):
-    name = f"bpe{vocab_size}-{hashlib.sha256(text_path.read_bytes()).hexdigest()[:16]}"
+    "The cache entry of a BPE trained on the training part of `text_path` (the validation part is never learned from)."
+    train_text, _ = train_val_split(text_path.read_text(encoding="utf-8"))
+    name = f"bpe{vocab_size}-{hashlib.sha256(train_text.encode()).hexdigest()[:16]}"
     return cache_home / "gptbook" / "tokens" / f"{name}.json", cache_home / "gptbook" / "tokens" / f"{name}.npy"
 
 
@@ -250,7 +252,18 @@ def test_a_damaged_or_foreign_cache_entry_is_rebuilt_not_trained_on(small_text, 
     again = load_token_data("bpe", vocab_size=300, path=small_text)
     assert np.array_equal(np.array(again.train), np.array(fresh.train))
     assert again.tokenizer.merges == fresh.tokenizer.merges
-    assert np.array_equal(np.load(ids_file), np.concatenate([fresh.train, fresh.val]))  # rebuilt
+    assert np.array_equal(np.load(ids_file), fresh.train)  # rebuilt
+
+
+def test_a_bpe_learns_from_the_training_text_only(tmp_path):
+    "The validation part is never learned from: its pairs get no merge, and the split is the characters' split."
+    path = tmp_path / "t.txt"
+    path.write_text("the cat sat " * 75 + "xyzw" * 25, encoding="utf-8")  # the last tenth: 'xyzw' only
+    d = load_token_data("bpe", vocab_size=270, path=path, cache=False)
+    train_text, val_text = train_val_split(path.read_text(encoding="utf-8"))
+    assert d.tokenizer.merges == BPETokenizer.train(train_text, 270).merges
+    assert not any(b"x" in t or b"y" in t for t in d.tokenizer.vocab.values() if len(t) > 1)
+    assert d.tokenizer.decode(d.val.tolist()) == val_text and len(d.val) == len(val_text)
 
 
 def test_another_texts_entry_under_this_name_is_caught(small_text, tmp_path):
@@ -324,15 +337,15 @@ def _text_file(folder: Path) -> Path:
         ("", "char", r"empty\.txt is empty: there is no text to learn from"),
         ("", "bpe", r"empty\.txt is empty"),
         ("a", "char", r"one\.txt gives only 1 token\(s\) with the char tokenizer"),
-        ("a" * 5000, "bpe", r"aaaa\.txt gives only 1 token\(s\) with the bpe tokenizer"),
+        ("a", "bpe", r"one\.txt gives only 1 token\(s\) with the bpe tokenizer"),
     ],
 )
 def test_empty_or_one_token_data_is_named(cache_home, tmp_path, content, tokenizer, match):
-    name = {"": "empty.txt", "a": "one.txt"}.get(content, "aaaa.txt")
+    name = {"": "empty.txt", "a": "one.txt"}[content]
     path = tmp_path / name
     path.write_text(content, encoding="utf-8")
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "ran out of pairs": 5,000 a's make one token long before 300 ids
+        warnings.simplefilter("ignore")  # "ran out of pairs": one character has no pair to merge
         with pytest.raises(ValueError, match=match) as e:
             load_token_data(tokenizer, vocab_size=300, path=path)
     assert str(path) in str(e.value)
