@@ -65,10 +65,22 @@ def test_the_chapters_show_the_figures_of_gpu_json(dry_results):
     assert f"gptbook, eager: {eager['ms_per_step']:.1f} ms/step, {eager['tokens_per_sec']:,.0f} tokens/s" in throughput
     assert "gptbook, compiled: not run" in throughput  # the dry run skips torch.compile
     char = gpu_figures("char_run", dry_results)
-    assert f"best val loss {res['char_run']['best_val_loss']:.3f} at step 20" in char and "step 10: " in char
+    assert f"best val loss {res['char_run']['best_val_loss']:.4f} at step 20" in char and " 10:" in char
+    assert "nanoGPT's README, one A100: 1.4697" in char
     kernels = gpu_figures("kernels", dry_results)
     texts = (attention, kernels, throughput, char, NOT_MEASURED)
     assert all(len(line) <= 80 for text in texts for line in text.splitlines())  # the width of a page's output
+
+
+def test_the_stored_gpu_results_are_what_the_chapters_print():
+    "bench/results/gpu.json (measured on a GPU): every section the chapters print is there, each line fits a page."
+    stored = ROOT / "bench" / "results"
+    if not (stored / "gpu.json").is_file():
+        pytest.skip("no GPU has run bench/gpu.py yet")
+    for section in ("attention", "kernels", "throughput", "char_run", "gpt2_char"):
+        text = gpu_figures(section, stored)
+        assert text != NOT_MEASURED and "dry-run" not in text
+        assert all(len(line) <= 80 for line in text.splitlines()), section
 
 
 def test_without_gpu_json_the_figures_are_not_yet_measured(tmp_path):
@@ -76,5 +88,5 @@ def test_without_gpu_json_the_figures_are_not_yet_measured(tmp_path):
     assert "not yet measured" in NOT_MEASURED and "`python bench/gpu.py`" in NOT_MEASURED
     (tmp_path / "gpu.json").write_text(json.dumps({"attention": [], "machine": {}}))  # a run of --only attention
     assert gpu_figures("throughput", tmp_path) == NOT_MEASURED
-    with pytest.raises(ValueError, match="section must be 'attention', .* got 'flash'"):
+    with pytest.raises(ValueError, match="section must be one of attention, .* got 'flash'"):
         gpu_figures("flash", tmp_path)

@@ -12,15 +12,15 @@ import urllib.request
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['BENCH_RESULTS_URL', 'NOT_MEASURED', 'bench_result', 'gpu_figures']
+__all__ = ['BENCH_RESULTS_URL', 'NOT_MEASURED', 'SECTIONS', 'bench_result', 'gpu_figures']
 
 # %% ../../nbs/A5_widgets.ipynb #e4f311ee
 #| code-fold: true
 BENCH_RESULTS_URL = "https://raw.githubusercontent.com/gptbook/gptbook/main/bench/results/"
 NOT_MEASURED = (
-    "not yet measured: no GPU has run bench/gpu.py for this book yet.\n"
-    "`python bench/gpu.py` on one CUDA GPU (about 8 minutes) measures it and\n"
-    "writes bench/results/gpu.json, which this cell then shows."
+    "not yet measured: no GPU has run this part of bench/gpu.py for this book yet.\n"
+    "`python bench/gpu.py` on one CUDA GPU measures it and writes\n"
+    "bench/results/gpu.json, which this cell then shows."
 )
 
 
@@ -87,27 +87,47 @@ def _throughput_lines(t: dict, nanogpt: dict | None) -> list[str]:
     return lines
 
 
-def _char_run_lines(c: dict) -> list[str]:
+def _curve_lines(name: str, c: dict) -> list[str]:
     best_step = min(c["val_curve"], key=lambda point: point[1])[0]
-    curve = ", ".join(f"step {it:,}: {val:.3f}" for it, val in c["val_curve"])
-    best = f"best val loss {c['best_val_loss']:.3f} at step {best_step:,}; whole run {c['wall_s']:.0f} s"
-    return [best, *textwrap.wrap("val loss at " + curve, 78)]
+    wall = f"; whole run {c['wall_s']:.0f} s" if "wall_s" in c else ""
+    lines = [name + ":", f"  best val loss {c['best_val_loss']:.4f} at step {best_step:,}{wall}"]
+    curve = ", ".join(f"{it:,}:{val:.3f}" for it, val in c["val_curve"])
+    return lines + textwrap.wrap("val loss at step " + curve, 78, initial_indent="  ", subsequent_indent="  ")
+
+
+def _char_run_lines(c: dict, nanogpt: dict | None) -> list[str]:
+    lines = _curve_lines("gptbook's trainer", c)
+    lines += _curve_lines("nanoGPT's train.py, same GPU", nanogpt) if nanogpt else []
+    return lines + [f"nanoGPT's README, one A100: {c['nanogpt_published_val_loss']:.4f}"]
+
+
+def _gpt2_char_lines(c: dict) -> list[str]:
+    note = (
+        []
+        if c.get("complete", True)
+        else textwrap.wrap(f"({c['note']})", 78, initial_indent="  ", subsequent_indent="  ")
+    )
+    return _curve_lines("GPT-2 small on characters", c) + note
+
+
+SECTIONS = ("attention", "kernels", "throughput", "char_run", "gpt2_char")
 
 
 def gpu_figures(section: str, folder=None) -> str:
-    """What bench/gpu.py measured for `section` ('attention', 'kernels', 'throughput' or 'char_run'), as lines of
-    text headed by the machine, from bench/results/gpu.json (see `bench_result`); or that it is not yet measured."""
-    if section not in ("attention", "kernels", "throughput", "char_run"):
-        raise ValueError(f"section must be 'attention', 'kernels', 'throughput' or 'char_run', got {section!r}")
+    """What bench/gpu.py measured for `section` (one of `SECTIONS`), as lines of text headed by the machine, from
+    bench/results/gpu.json (see `bench_result`); or that it is not yet measured."""
+    if section not in SECTIONS:
+        raise ValueError(f"section must be one of {', '.join(SECTIONS)}; got {section!r}")
     res = bench_result("gpu.json", folder)
     if res is None or res.get(section) is None:
         return NOT_MEASURED
     m = res.get("machine", {})
     dry = ["a --dry-run: tiny sizes on a CPU, not the book's figures"] if m.get("dry_run") else []
-    if section == "throughput":
-        lines = _throughput_lines(res["throughput"], res.get("nanogpt"))
-    else:
-        lines = {"attention": _attention_lines, "kernels": _kernel_lines, "char_run": _char_run_lines}[section](
-            res[section]
-        )
+    lines = {
+        "attention": lambda r: _attention_lines(r),
+        "kernels": lambda r: _kernel_lines(r),
+        "throughput": lambda r: _throughput_lines(r, res.get("nanogpt")),
+        "char_run": lambda r: _char_run_lines(r, res.get("nanogpt_char")),
+        "gpt2_char": lambda r: _gpt2_char_lines(r),
+    }[section](res[section])
     return "\n".join([f"bench/results/gpu.json: {m.get('gpu') or 'CPU'}, torch {m.get('torch')}", *dry, *lines])
