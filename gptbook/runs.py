@@ -10,11 +10,14 @@ import errno
 import json
 import math
 import os
+import platform
 import shutil
 import stat
 import sys
 from pathlib import Path
 from typing import NamedTuple
+
+import torch
 
 import gptbook
 
@@ -34,7 +37,7 @@ from .options import OptionError
 from .tokenizer import BPETokenizer
 
 # %% auto #0
-__all__ = ['TrainingDiverged', 'check_evaluation', 'LOCK', 'METRICS', 'CONFIG', 'STAGING', 'FIXED_BY_WEIGHTS', 'FIXED_ON_RESUME', 'NOT_SHAPE', 'RunLocked', 'run_lock', 'append_metrics', 'read_metrics', 'trim_metrics', 'save_run_config', 'load_run_config', 'start_run', 'commit_run', 'check_same_data', 'run_data', 'check_fits', 'last_good', 'interrupted', 'header', 'summary', 'Pretrained', 'pretrained']
+__all__ = ['TrainingDiverged', 'check_evaluation', 'LOCK', 'METRICS', 'CONFIG', 'STAGING', 'FIXED_BY_WEIGHTS', 'FIXED_ON_RESUME', 'NOT_SHAPE', 'RunLocked', 'run_lock', 'append_metrics', 'read_metrics', 'trim_metrics', 'save_run_config', 'load_run_config', 'start_run', 'commit_run', 'check_same_data', 'run_data', 'check_fits', 'last_good', 'interrupted', 'machine', 'header', 'summary', 'Pretrained', 'pretrained']
 
 # %% ../nbs/08_training.ipynb #acb507b8
 #| code-fold: true
@@ -353,8 +356,22 @@ def interrupted(out_dir, step: int, run_name: str) -> str:
 
 # %% ../nbs/A2_checkpoints.ipynb #e89b1ecd
 #| code-fold: true
+def machine(device) -> str:
+    "What a run's timings come from: the GPU, or the CPU model, its CPUs and torch's threads; and torch's version."
+    device = torch.device(device)
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}"
+    cpu = platform.processor() or "an unnamed CPU"
+    with contextlib.suppress(OSError):  # Linux names the model in /proc/cpuinfo
+        names = [ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")]
+        cpu = names[0] if names else cpu
+    threads = torch.get_num_threads()
+    where = f" ({device.type})" if device.type != "cpu" else ""
+    return f"{cpu}{where}, {os.cpu_count()} CPUs, {threads} thread{'s' * (threads > 1)}, torch {torch.__version__}"
+
+
 def header(trainer, state: dict | None) -> str:
-    "The lines a run starts with (`trainer`: a Trainer): what trains, on what, where."
+    "The lines a run starts with (`trainer`: a Trainer): what trains, on what machine, where."
     cfg, data = trainer.cfg, trainer.data
     n_params = sum(p.numel() for p in trainer.model.parameters())
     start = f"resuming from step {trainer.step}" if state else "fresh"
@@ -362,6 +379,7 @@ def header(trainer, state: dict | None) -> str:
     return (
         f"gptbook {gptbook.__version__}: {n_params / 1e6:.2f}M parameters on {trainer.device} in "
         f"{str(trainer.dtype).removeprefix('torch.')}, {trainer.tokens_per_step:,} tokens per step\n"
+        f"machine: {machine(trainer.device)}\n"
         f"data: {cfg.data_path or 'Tiny Shakespeare'} ({len(data.train) + len(data.val):,} tokens: "
         f"{len(data.train):,} train, {len(data.val):,} val)\nrun: {cfg.out_dir} ({start}), {cfg.max_iters:,} steps"
     )

@@ -32,7 +32,7 @@ from .model import GPT, autocast, lm_loss, pick_device, pick_dtype
 from .options import OptionError, Options, option
 from .runs import FIXED_BY_WEIGHTS, FIXED_ON_RESUME, append_metrics, check_fits, commit_run, header, interrupted
 from .runs import TrainingDiverged, check_evaluation, last_good, pretrained, run_data, run_lock, save_run_config
-from .runs import start_run, summary, trim_metrics
+from .runs import machine, start_run, summary, trim_metrics
 
 # %% auto #0
 __all__ = ['lr_at', 'param_groups', 'make_optimizer', 'TrainConfig', 'Ranks', 'Trainer', 'init_distributed', 'train']
@@ -296,6 +296,7 @@ class _Progress:
         record |= {
             "grad_norm": sum(self.grad_norms) / n if n else None,
             "ms_per_iter": 1000 * seconds / n if n else None,
+            "machine": machine(t.device),  # what the timings were measured on
         }
         record["elapsed_s"] = time.perf_counter() - self.start
         if t.is_main:

@@ -40,6 +40,7 @@ NANOGPT_LINES = {
     "scaler": ("train.py", "# initialize a GradScaler", "scaler = torch.cuda.amp.GradScaler"),
     "eval_batches": ("train.py", "def estimate_loss():", "out[split] = losses.mean()"),
     "get_batch": ("train.py", "ix = torch.randint(len(data) - block_size", None),
+    "seed": ("train.py", "torch.manual_seed(1337 + seed_offset)", None),
     "checkpoint": ("train.py", "checkpoint = {", "torch.save(checkpoint"),
     "configurator": ("train.py", "exec(open('configurator.py').read())", None),
     "from_pretrained": ("model.py", "def from_pretrained(", "return model\n\n    def configure_optimizers"),

@@ -313,6 +313,28 @@ def test_metrics_and_checkpoint_files(chars, tmp_path):
     assert next(load_checkpoint(tmp_path, device="cpu").model.parameters()).device.type == "cpu"
 
 
+def test_every_record_names_the_machine_its_timings_come_from(chars, tmp_path, capsys, monkeypatch):
+    "The header and every metrics record name the CPU model, its CPUs, torch's threads and torch's version."
+    import os
+    import platform
+
+    from gptbook import runs
+
+    cpuinfo = Path("/proc/cpuinfo")
+    names = [ln.split(":", 1)[1].strip() for ln in cpuinfo.read_text().splitlines() if ln.startswith("model name")]
+    model = names[0] if names else platform.processor() or "an unnamed CPU"
+    threads = torch.get_num_threads()
+    plural = "s" if threads > 1 else ""
+    expected = f"{model}, {os.cpu_count()} CPUs, {threads} thread{plural}, torch {torch.__version__}"
+    assert runs.machine("cpu") == expected
+    train(tiny_cfg(tmp_path / "run", max_iters=10), tiny_config(), data=chars)
+    assert f"\nmachine: {expected}\n" in capsys.readouterr().out
+    assert [r["machine"] for r in read_metrics(tmp_path / "run")] == [expected] * 3
+    monkeypatch.setattr(runs.platform, "processor", lambda: "")
+    monkeypatch.setattr("builtins.open", lambda *a, **k: (_ for _ in ()).throw(OSError("no /proc here")))
+    assert runs.machine("cpu").startswith(f"an unnamed CPU, {os.cpu_count()} CPUs")  # macOS, Windows: no /proc
+
+
 def test_resume_is_bit_exact(chars, tmp_path):
     "k steps + save + (kill) + resume + (N - k) steps == N straight steps: identical weights and losses, on CPU."
     config = tiny_config(dropout=0.1)  # dropout makes the torch RNG state matter too

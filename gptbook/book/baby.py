@@ -52,12 +52,13 @@ def baby_config(tokenizer: Literal["char", "bpe"] = "char") -> TrainConfig:
 def baby_run(tokenizer: Literal["char", "bpe"] = "char", *, cache_dir=None) -> Path:
     """The run folder of the book's baby model in `cache_dir` (default: `gptbook.corpus.cache_dir()`), trained once.
 
-    Its name is `runs/baby-<tokenizer>-<key>`, the key a hash of `baby_config(tokenizer)`, of the text's SHA-256 and
-    of the checkpoint format's version.
+    Its name is `runs/baby-<tokenizer>-<key>`, the key a hash of `baby_config(tokenizer)`, of the text's SHA-256, of
+    the checkpoint format's version and of what a metrics record holds.
     An unfinished run is resumed, a damaged one trained again; while another process trains it, this one waits."""
     cfg = baby_config(tokenizer)
     decides = {k: v for k, v in cfg.to_dict().items() if k not in ("out_dir", "progress")}
     key = {"config": decides, "data_sha256": TINY_SHAKESPEARE_SHA256, "checkpoint_version": CKPT_VERSION}
+    key["records"] = 2  # 2: each metrics record names its machine (an older cached run is trained again)
     blob = json.dumps(key, sort_keys=True).encode()
     folder = Path(cache_dir or data_cache_dir()) / "runs" / f"baby-{tokenizer}-{hashlib.sha256(blob).hexdigest()[:12]}"
     shown = str(folder).replace(str(Path.home()), "~", 1)
