@@ -24,7 +24,7 @@ TINY_SHAKESPEARE_FILENAME = "tinyshakespeare.txt"
 
 # %% ../nbs/07_data.ipynb #7b3dc77b
 def cache_dir() -> Path:
-    "The folder where gptbook caches downloads: `$XDG_CACHE_HOME/gptbook`, else `~/.cache/gptbook`."
+    "gptbook's cache: `$XDG_CACHE_HOME/gptbook`, else `~/.cache/gptbook`."
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "gptbook"
 
@@ -33,22 +33,25 @@ class ChecksumError(ValueError):
     "A file's SHA-256 digest is not the one expected."
 
 # %% ../nbs/07_data.ipynb #692619a9
-def download(url: str, dest: str | Path, sha256: str | None = None, timeout: float = 30.0) -> Path:
-    "Download `url` to `dest` atomically, verifying its SHA-256 if given; returns `dest`."
-    dest = Path(dest)
-    h = hashlib.sha256()
-    with atomic_write(dest, "wb") as f, urllib.request.urlopen(url, timeout=timeout) as response:
-        while block := response.read(1 << 20):
-            h.update(block)
-            f.write(block)
-        if sha256 is not None and h.hexdigest() != sha256:  # raised inside: the temporary file is removed
+def download(url: str, dest, sha256: str | None = None, timeout=30.0) -> Path:
+    "Download `url` to `dest` atomically, checking its SHA-256 if given."
+    dest, h = Path(dest), hashlib.sha256()
+    with atomic_write(dest, "wb") as f:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            while block := response.read(1 << 20):
+                h.update(block)
+                f.write(block)
+        # raised inside atomic_write: the temporary file is removed
+        if sha256 is not None and h.hexdigest() != sha256:
             raise ChecksumError(
-                f"Downloaded {url} but its SHA-256 is {h.hexdigest()}, expected {sha256}. "
-                f"The file at the URL is not the expected one; nothing was written to {dest}."
+                f"Downloaded {url} but its SHA-256 is {h.hexdigest()}, "
+                f"expected {sha256}. The file at the URL is not the expected "
+                f"one; nothing was written to {dest}."
             )
     return dest
 
 # %% ../nbs/07_data.ipynb #e9d69eba
+#| code-fold: true
 def _env_data_file() -> Path | None:
     "The file named by `$GPTBOOK_DATA` (a file, or a folder holding the file), or None if unset."
     value = os.environ.get("GPTBOOK_DATA")
@@ -65,6 +68,7 @@ def _env_data_file() -> Path | None:
     return p
 
 # %% ../nbs/07_data.ipynb #2c2473fb
+#| code-fold: true
 def _how_to_supply(cache_file: Path) -> str:
     return (
         f"Supply the file in one of these ways: pass tiny_shakespeare(path='/path/to/tinyshakespeare.txt'); "
@@ -74,6 +78,7 @@ def _how_to_supply(cache_file: Path) -> str:
     )
 
 # %% ../nbs/07_data.ipynb #3deaa6de
+#| code-fold: true
 def _unset_hint(where: str) -> str:
     return " (or point GPTBOOK_DATA elsewhere, or unset it)" if "GPTBOOK_DATA" in where else ""
 
@@ -89,6 +94,7 @@ def _verified(p: Path, sha256: str, verify: bool, where: str) -> Path:
     return p
 
 # %% ../nbs/07_data.ipynb #56226e53
+#| code-fold: true
 def tiny_shakespeare_path(
     path: str | Path | None = None,
     *,
@@ -126,5 +132,5 @@ def tiny_shakespeare_path(
 
 # %% ../nbs/07_data.ipynb #2ffbbcc3
 def tiny_shakespeare(path: str | Path | None = None, **kwargs) -> str:
-    "The text of Tiny Shakespeare (1,115,394 characters), found as `tiny_shakespeare_path` says."
+    "Tiny Shakespeare's text, found as `tiny_shakespeare_path` says."
     return read_text(tiny_shakespeare_path(path, **kwargs))

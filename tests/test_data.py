@@ -1,4 +1,4 @@
-"""gptbook.data: finding, verifying and downloading Tiny Shakespeare, and the split."""
+"""gptbook.data: finding, verifying and downloading Tiny Shakespeare, the split, and batches as nanoGPT draws them."""
 
 import functools
 import hashlib
@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from gptbook import data
 from gptbook.tokenizer import BPETokenizer, CharTokenizer
@@ -23,7 +24,7 @@ from gptbook.corpus import (
     tiny_shakespeare,
     tiny_shakespeare_path,
 )
-from gptbook.data import load_token_data, save_tokens, train_val_split
+from gptbook.data import get_batch, load_token_data, save_tokens, train_val_split
 
 SMALL = b"To be, or not to be, that is the question:\n"
 SMALL_SHA = hashlib.sha256(SMALL).hexdigest()
@@ -363,3 +364,16 @@ def test_a_wrong_gptbook_data_file_points_to_data(monkeypatch, tmp_path):
     with pytest.raises(ChecksumError) as e:  # a path given directly gets no advice about GPTBOOK_DATA
         tiny_shakespeare(wrong)
     assert "GPTBOOK_DATA" not in str(e.value) and "--data" in str(e.value)
+
+
+def test_get_batch_draws_nanogpts_batches():
+    "nanoGPT's get_batch (train.py's lines, given our generator) draws the same x and y, batch after batch."
+    data = np.random.default_rng(0).integers(0, 65, 5_000).astype(np.uint16)
+    block_size, batch_size = 64, 12
+    ours, theirs = torch.Generator().manual_seed(1337), torch.Generator().manual_seed(1337)
+    for _ in range(5):
+        ix = torch.randint(len(data) - block_size, (batch_size,), generator=theirs)
+        x = torch.stack([torch.from_numpy((data[i : i + block_size]).astype(np.int64)) for i in ix])
+        y = torch.stack([torch.from_numpy((data[i + 1 : i + 1 + block_size]).astype(np.int64)) for i in ix])
+        got_x, got_y = get_batch(data, batch_size, block_size, ours)
+        assert torch.equal(got_x, x) and torch.equal(got_y, y)
