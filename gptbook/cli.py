@@ -19,7 +19,7 @@ import torch
 
 import gptbook
 from .checkpoint import load_checkpoint
-from .config import GPTConfig
+from .config import PRESETS, GPTConfig
 from .files import read_text
 from .hf import from_nanogpt
 from .model import GPT, pick_device, text_nats
@@ -136,12 +136,14 @@ def given(args, names) -> dict:
     return out
 
 # %% ../nbs/A4_cli.ipynb #579376a5
-def _add_train_args(p: argparse.ArgumentParser) -> dict[str, str]:
-    "All flags of `gptbook train`; returns {field: flag} for TrainConfig and GPTConfig fields."
+def _add_train_args(p: argparse.ArgumentParser, preset: str | None = None) -> dict[str, str]:
+    "All flags of `gptbook train`, the model's defaults those of `preset`; returns {field: flag} for the configs."
     from gptbook.train import TrainConfig  # only `gptbook train` loads the trainer
 
     flags = add_options(p, TrainConfig, "training (TrainConfig)")
-    model_flags = add_options(p, GPTConfig, "model (GPTConfig: the preset's value unless given)")
+    preset = preset if preset in PRESETS else TrainConfig.preset  # a bad name: argparse names it, below
+    shown = {**GPTConfig.from_preset(preset, 1).to_dict(), "vocab_size": "the tokenizer's size"}
+    model_flags = add_options(p, GPTConfig, f"model (GPTConfig: the {preset} preset unless given)", shown)
     run = p.add_argument_group("run")
     run.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
     run.add_argument(
@@ -228,7 +230,11 @@ def _add_sample_args(p: argparse.ArgumentParser) -> dict[str, str]:
     run.add_argument("--prompt", default="\n", metavar="TEXT", help="text to continue (default: a newline)")
     run.add_argument("--seed", type=int, default=None, metavar="N", help="random seed for reproducible samples")
     run.add_argument("--num-samples", type=int, default=1, metavar="N", help="how many samples (default: 1)")
-    run.add_argument("--stream", action="store_true", help="print text as it is generated")
+    run.add_argument(
+        "--stream",
+        action=argparse.BooleanOptionalAction,
+        help="print text as it is generated (default: on when the output is a terminal)",
+    )
     run.add_argument(
         "--device", default="auto", metavar="DEVICE", help="auto, cpu, cuda, cuda:N or mps (default: auto)"
     )
@@ -300,7 +306,7 @@ def _sample(args) -> int:
         if i:
             print("\n---------------")
         pieces = stream(model, tokenizer, args.prompt, config=config, generator=g)  # unknown characters: ValueError
-        if args.stream:
+        if sys.stdout.isatty() if args.stream is None else args.stream:
             print(args.prompt, end="", flush=True)  # stream yields only the continuation
             for piece in pieces:
                 print(piece, end="", flush=True)
@@ -369,8 +375,8 @@ def _tokenizer_train(args) -> int:
     return 0
 
 # %% ../nbs/A4_cli.ipynb #25e1d4f6
-def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    "The parser of `gptbook`; the train flags (which load the trainer) when `command` is 'train' or None."
+def build_parser(command: str | None = None, preset: str | None = None) -> argparse.ArgumentParser:
+    "The parser of `gptbook`; the train flags (which load the trainer, model defaults of `preset`) for 'train' or None."
     p = _Parser(
         prog="gptbook",
         description="Train a GPT on Tiny Shakespeare (or your text), sample from it, score it on a text.",
@@ -386,7 +392,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         description="Train a GPT; with no arguments the CPU baby model (4 layers, 4 heads, d_model 128, "
         "context 64, batch 12, lr 1e-3, 2,000 steps) on Tiny Shakespeare characters, into out/.",
     )
-    t.set_defaults(func=_train, flags=_add_train_args(t) if command in (None, "train") else {})
+    t.set_defaults(func=_train, flags=_add_train_args(t, preset) if command in (None, "train") else {})
     s = sub.add_parser(
         "sample",
         help="generate text from a trained model",
@@ -412,7 +418,7 @@ def _add_eval_and_tokenizer(sub) -> None:
 def main(argv=None) -> int:
     "Entry point of the `gptbook` command; returns the exit status."
     argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
-    parser = build_parser(next((a for a in argv if not a.startswith("-")), None))
+    parser = build_parser(next((a for a in argv if not a.startswith("-")), None), _preset_in(argv))
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
@@ -432,3 +438,11 @@ def main(argv=None) -> int:
     finally:
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
+
+
+def _preset_in(argv: list[str]) -> str | None:
+    "The preset that `argv` names (`--preset NAME` or `--preset=NAME`), whose model `--help` shows; else None."
+    for flag, value in zip(argv, [*argv[1:], None]):
+        if flag == "--preset" or flag.startswith("--preset="):
+            return flag.partition("=")[2] or value
+    return None

@@ -39,14 +39,15 @@ def option(
     metavar: str | None = None,
     cli: bool = True,
     default_factory: Callable[[], Any] | None = None,
+    absent: Any = _NO_DEFAULT,
 ) -> Any:
     """A dataclass field with its help text and allowed range; without `default` or `default_factory` it is required.
 
     `min`/`max` bound numbers (`min_open`/`max_open` exclude the bound itself); `why` is added to the error
     message; `flag` renames the command-line flag (default: `--field-name`) and `metavar` names its value in the
-    help; `cli=False` gives it none."""
+    help; `cli=False` gives it none. `absent` is what a saved config without this field means (see `from_dict`)."""
     metadata = dict(help=help, min=min, max=max, min_open=min_open, max_open=max_open, why=why)
-    metadata.update(flag=flag, metavar=metavar, cli=cli)
+    metadata.update(flag=flag, metavar=metavar, cli=cli, absent=absent)
     if default is _NO_DEFAULT:
         default = dataclasses.MISSING
     if default_factory is None:
@@ -166,15 +167,18 @@ class Options:
 
     @classmethod
     def from_dict(cls, d: dict):
-        "Rebuild from `to_dict()`'s output; an unknown key is an error."
-        known = [f.name for f in dataclasses.fields(cls)]
+        "Rebuild from `to_dict()`'s output; an unknown key is an error, a missing one takes its `absent` or default."
+        fields = dataclasses.fields(cls)
+        known = [f.name for f in fields]
         if unknown := sorted(set(d) - set(known)):
             raise OptionError(
                 unknown[0], f"unknown {cls.__name__} field(s) {', '.join(unknown)}; the fields are {', '.join(known)}"
             )
+        # A field added after configs were first written: a config without it means what it meant then.
+        older = {f.name: f.metadata.get("absent", _NO_DEFAULT) for f in fields if f.name not in d}
+        older = {k: v for k, v in older.items() if v is not _NO_DEFAULT}
         types_ = field_types(cls)
-        fixed = {k: _from_json(types_[k], v) for k, v in d.items()}
-        return cls(**fixed)
+        return cls(**older, **{k: _from_json(types_[k], v) for k, v in d.items()})
 
     def replace(self, **changes):
         "A copy with `changes` applied (and checked)."

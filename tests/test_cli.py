@@ -140,7 +140,7 @@ def test_flags_are_the_config_fields():
     assert _field_flags(TrainConfig) | _field_flags(GPTConfig) <= train_flags
     assert {"--out", "--data"} <= _field_flags(TrainConfig)  # the contract's names for out_dir and data_path
     assert _field_flags(SamplingConfig) <= sample_flags
-    own = {"--help", "--out", "--prompt", "--seed", "--num-samples", "--stream", "--device"}
+    own = {"--help", "--out", "--prompt", "--seed", "--num-samples", "--stream", "--no-stream", "--device"}
     own |= {"--hf", "--nanogpt", "--tokenizer"}  # other models than a run's
     negations = {f"--no-{f.name.replace('_', '-')}" for f in dataclasses.fields(SamplingConfig)}
     assert sample_flags - _field_flags(SamplingConfig) - negations == own
@@ -269,12 +269,69 @@ def test_sample_options(run_dir, capsys):
         (["--prompt", ""], "prompt"),
         (["--prompt", "日本"], "this CharTokenizer was trained on"),
         (["--num-samples", "0"], "--num-samples"),
+        (["--max-new-tokens", "2000000000"], "max_new_tokens must be in [0, 1000000], got 2000000000"),
     ],
 )
 def test_bad_sampling_options_are_one_line(run_dir, capsys, argv, text):
     out, _ = run_dir
     status, _, err = call(capsys, "sample", "--out", out, "--max-new-tokens", 5, *argv)
     assert status == 1 and len(err.strip().splitlines()) == 1 and text in err
+
+
+def test_sample_streams_at_once_on_a_terminal(run_dir):
+    "On a terminal the text comes as it is generated: a million new tokens start printing at once, no silent wait."
+    import pty
+    import select
+    import time
+
+    out, _ = run_dir
+    argv = ["sample", "--out", out, "--prompt", "KING", "--max-new-tokens", 1_000_000, "--device", "cpu"]
+    master, terminal = pty.openpty()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    p = subprocess.Popen([sys.executable, "-m", "gptbook", *map(str, argv)], stdout=terminal, env=env, cwd=ROOT)
+    os.close(terminal)
+    seen, deadline = b"", time.monotonic() + 120  # the start of Python and torch, then a few tokens
+    try:
+        while len(seen) < len("KING") + 20 and time.monotonic() < deadline and p.poll() is None:
+            if select.select([master], [], [], 1)[0]:
+                seen += os.read(master, 1024)
+    finally:
+        p.kill()
+        p.wait()
+        os.close(master)
+    assert seen.startswith(b"KING") and len(seen) >= len("KING") + 20, seen
+
+
+def test_sample_prints_the_whole_text_at_the_end_into_a_pipe(run_dir):
+    "Not a terminal: no streaming unless --stream; the text is the same either way."
+    out, _ = run_dir
+    argv = ["sample", "--out", out, "--prompt", "KING", "--max-new-tokens", 30, "--seed", 2]
+    whole, streamed = run_cli(*argv), run_cli(*argv, "--stream")
+    assert whole.returncode == streamed.returncode == 0 and whole.stdout == streamed.stdout
+
+
+@pytest.mark.parametrize("preset", [[], ["--preset", "gpt2-small"], ["--preset=llama-style"]])
+def test_train_help_shows_the_model_a_run_builds(capsys, preset):
+    "Each model flag of `gptbook train --help` shows the value of the model that the same command line builds."
+    import dataclasses
+
+    from gptbook.cli import _default_text, _preset_in, config_from_args
+    from gptbook.model import GPTConfig
+
+    status, text, _ = call(capsys, "train", *preset, "--help")
+    assert status == 0
+    parser = build_parser("train", _preset_in(preset))
+    cfg = config_from_args(parser.parse_args(["train", *preset]))
+    model = GPTConfig.from_preset(cfg.preset, 65, **cfg.model_overrides)  # what `train` builds on 65 characters
+    actions = {a.dest: a for a in parser._subparsers._group_actions[0].choices["train"]._actions}
+    for f in dataclasses.fields(GPTConfig):
+        shown = "the tokenizer's size" if f.name == "vocab_size" else _default_text(f, getattr(model, f.name))
+        assert actions[f.name].help.endswith(f"(default: {shown})"), (f.name, actions[f.name].help)
+    flat = " ".join(text.split())
+    assert f"--n-layers N number of transformer blocks (default: {model.n_layers})" in flat
+    assert f"the {cfg.preset} preset unless given" in flat
+    if not preset:
+        assert (model.n_layers, model.d_model, model.max_seq_len) == (4, 128, 64)  # the baby, not GPT-2 small
 
 
 def test_resume_extends_a_run(tmp_path, capsys, shakespeare_path):

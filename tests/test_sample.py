@@ -223,6 +223,28 @@ def test_bad_settings_are_one_line_naming_the_field(field, bad, msg):
     assert e.value.field == field and "\n" not in str(e.value)
 
 
+def test_the_chapters_filter_examples():
+    "The examples chapter 9 states in prose, beside the few it shows: edge cases of each filter and of the config."
+    inf = math.inf
+    assert torch.equal(apply_temperature(torch.tensor([1.0, 3.0, 3.0, 0.0]), 0), torch.tensor([-inf, 3.0, 3.0, -inf]))
+    z = torch.tensor([3.2, 2.6, 2.3, -1.0])
+    torch.testing.assert_close(apply_temperature(z, 1.0).softmax(-1), z.softmax(-1), rtol=0, atol=1e-7)
+    torch.testing.assert_close(
+        apply_temperature(z, 0.01).softmax(-1), apply_temperature(z, 0).softmax(-1), atol=1e-6, rtol=0
+    )
+    assert torch.equal(top_k_filter(torch.tensor([1.0, 3.0, 2.0]), 100), torch.tensor([1.0, 3.0, 2.0]))  # k > V
+    assert torch.equal(top_k_filter(torch.tensor([[1.0, 2.0, 2.0, 0.0]]), 2), torch.tensor([[-inf, 2.0, 2.0, -inf]]))
+    p = torch.tensor([0.5, 0.3, 0.2]).log()
+    assert top_p_filter(p, 0.01).isfinite().tolist() == [True, False, False]  # never empty
+    assert torch.equal(top_p_filter(p, 1.0), p)
+    assert top_p_filter(p[[2, 0, 1]], 0.7).isfinite().tolist() == [False, True, True]  # vocabulary order is no matter
+    assert SamplingConfig.from_dict(SamplingConfig(stop=[1, 2]).to_dict()) == SamplingConfig(stop=(1, 2))
+    with pytest.raises(OptionError, match=re.escape("stop must be >= 0, got -1")):
+        SamplingConfig(stop=[-1])
+    with pytest.raises(OptionError, match="temperature must be >= 0"):
+        SamplingConfig(temperature=0.8).replace(temperature=-1)
+
+
 def test_filters_check_only_their_logits():
     "The settings were checked by SamplingConfig; a filter refuses only logits that are not a float tensor."
     for call in [

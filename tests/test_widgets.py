@@ -174,6 +174,22 @@ def test_bpe_stepper_matches_the_encoder(browser, server, bpe):
         assert len(seen) >= 6 and min(seen) == 0 and max(seen) == len(tok.merges)
 
 
+def test_bpe_stepper_colours_neighbours_apart(bpe):
+    "Tokens side by side at some step, and a merge and its two parts, get hues far apart; each id has one colour."
+    from gptbook.book.widgets import _hue_gap, _token_hues
+
+    _, _, w = bpe
+    steps, merged = w.data["steps"], w.data["merge"]
+    pairs = {(a, b) for _, ids in steps for a, b in zip(ids, ids[1:]) if a != b}
+    pairs |= {(m[2], x) for m in merged.values() for x in m[:2]}
+    hues = _token_hues(steps, merged)
+    assert min(_hue_gap(hues[a], hues[b]) for a, b in pairs) >= 30
+    by_id = min(_hue_gap(a * 137.508 % 360, b * 137.508 % 360) for a, b in pairs)
+    assert by_id < 15, "the old rule (a hue from the id) had near collisions here"
+    spans = set(re.findall(r'data-id="(\d+)" style="background:hsla\((\d+),', w.html))
+    assert spans == {(str(i), str(hues[i])) for i in {int(i) for i, _ in spans}}, "each id has its own hue, everywhere"
+
+
 # --- sampling lab ------------------------------------------------------------------------------------
 
 
@@ -210,10 +226,18 @@ def check_sampling(page, data, tol=1e-6) -> dict:
     return s
 
 
+def bar_widths(page) -> list:
+    "The widths of the bars and the outlines, in the page's units."
+    return page.locator(".gbw-bar, .gbw-ref").evaluate_all("els => els.map(e => Number(e.getAttribute('width')))")
+
+
 @slow
 def test_sampling_lab_matches_filter_logits(browser, server, lab):
     with opened(browser, server, lab.html) as page:
-        check_sampling(page, lab.data)
+        s = check_sampling(page, lab.data)
+        assert (s["temperature"], s["top_k"], s["top_p"], s["min_p"]) == (0.8, 60, 0.9, 0)  # the book's defaults
+        assert page.inner_text("output[for$=temperature]") == "0.80" and page.inner_text("output[for$=top_p]") == "0.90"
+        assert page.locator(".gbw-off").count() > 0 and max(bar_widths(page)) == 250, "filtered, drawn to the longest"
         press(page, "[name=temperature]", "Home", *["ArrowRight"] * 10)  # 0.5
         press(page, "[name=top_p]", "End", "ArrowLeft", "ArrowLeft")  # 0.9
         s = check_sampling(page, lab.data)
@@ -229,9 +253,11 @@ def test_sampling_lab_matches_filter_logits(browser, server, lab):
         press(page, "[name=min_p]", "Home", *["ArrowRight"] * 4)
         s = check_sampling(page, lab.data)
         assert (s["top_k"], s["min_p"]) == (10, 0.04)
+        assert max(bar_widths(page)) == 250
         press(page, "[name=temperature]", "Home")  # greedy
         assert len(page.get_attribute(".gbw", "data-kept").split(",")) == 1 and check_sampling(page, lab.data)
         assert page.locator(".gbw-off").count() == 11, "11 of the 12 rows are removed at temperature 0"
+        assert page.get_attribute(".gbw-row >> nth=0 >> .gbw-bar", "width") == "250.0", "probability 1 spans the row"
 
 
 # --- attention explorer ------------------------------------------------------------------------------
@@ -399,9 +425,11 @@ def test_narrow_screen_and_no_javascript(browser, server, widgets, name):
         assert page.evaluate("document.documentElement.scrollWidth") <= 375
 
 
-# what both draw besides the text: the tokens' ids and weights, the arrows' ends
-DRAWN = """() => [...document.querySelectorAll('.gbw-figure [data-ids], .gbw-figure [data-w], .gbw-figure line')]
-  .map(e => [e.getAttribute('data-ids'), e.getAttribute('data-w'), e.getAttribute('x2'), e.getAttribute('y2')])"""
+# what both draw besides the text: the tokens' ids, weights and colours, the arrows' ends, the bars' widths
+DRAWN = """() => [...document.querySelectorAll(
+    '.gbw-figure [data-ids], .gbw-figure [data-w], .gbw-figure line, .gbw-figure rect, .gbw-figure .gbw-tok[data-id]')]
+  .map(e => [e.getAttribute('data-ids'), e.getAttribute('data-w'), e.getAttribute('x2'), e.getAttribute('y2'),
+             e.getAttribute('width'), e.getAttribute('style')])"""
 
 
 # --- unusual data, hostile text ------------------------------------------------------------------------
@@ -432,7 +460,7 @@ def test_unusual_data_draws(browser, server):
     z = torch.randn(2, 30, generator=torch.Generator().manual_seed(2), dtype=torch.float64) * 2
     z[0, z[0].argsort()[-3:]] = -math.inf  # the three most likely tokens of the first prompt masked out
     z[1, ::2] = -math.inf
-    lab = sampling_lab(["masked", "half"], z.numpy(), [chr(65 + i) for i in range(30)])
+    lab = sampling_lab(["masked", "half"], z.numpy(), [chr(65 + i) for i in range(30)], temperature=1, top_p=1)
     with opened(browser, server, lab.html) as page:
         assert check_sampling(page, lab.data)["prompt"] == 0 and page.locator(".gbw-off").count() == 0
         press(page, "[name=top_k]", "End", *["ArrowLeft"] * 20)  # top-k 10

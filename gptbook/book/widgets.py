@@ -157,9 +157,36 @@ def _bpe_steps(merges: dict, chunks: list) -> list:
 
 # %% ../../nbs/A5_widgets.ipynb #663cef72
 #| code-fold: true
-def _token_colour(i: int) -> str:
-    "A translucent colour for token id `i` (golden-angle hues: neighbouring ids differ), readable light or dark."
-    return f"hsla({(i * 137.508) % 360:.0f},75%,55%,0.32)"
+def _hue_gap(a: float, b: float) -> float:
+    "Degrees between two hues on the colour circle. Example: 350, 10 -> 20"
+    return min((a - b) % 360, (b - a) % 360)
+
+
+_HUES = range(0, 360, 15)  # the 24 hues of the BPE stepper's tokens
+
+
+def _token_hues(steps: list, merged: dict) -> dict:
+    """A hue per token id such that the tokens side by side at some step differ, and so do a merge's new token and
+    its two parts: each id, in the order the tokens first appear, takes the hue (of 24, 15 degrees apart) farthest
+    from its neighbours' hues so far; among equals, the one nearest the golden-angle sequence (137.5 degrees a step)."""
+    pairs = {p for _, ids in steps for p in zip(ids, ids[1:])} | {(m[2], x) for m in merged.values() for x in m[:2]}
+    near = {}
+    for a, b in (p for p in pairs if p[0] != p[1]):
+        near.setdefault(a, set()).add(b)
+        near.setdefault(b, set()).add(a)
+    hues = {}
+    for i in (i for _, ids in steps for i in ids):
+        if i in hues:
+            continue
+        taken, golden = [hues[j] for j in near.get(i, ()) if j in hues], 137.508 * len(hues) % 360
+        score = {h: (min([_hue_gap(h, t) for t in taken], default=180), -_hue_gap(h, golden)) for h in _HUES}
+        hues[i] = max(score, key=score.get)
+    return hues
+
+
+def _token_colour(hue: float) -> str:
+    "A translucent colour of `hue`, readable on a light or a dark page."
+    return f"hsla({hue:.0f},75%,55%,0.32)"
 
 
 def _vocab_of(merges: dict) -> dict:
@@ -170,10 +197,10 @@ def _vocab_of(merges: dict) -> dict:
     return vocab
 
 
-def _token_span(i: int, text: str, new: bool = False) -> str:
-    "Token `i` as a coloured span, outlined if the latest merge made it."
+def _token_span(i: int, text: str, hue: float, new: bool = False) -> str:
+    "Token `i` as a span coloured by `hue`, outlined if the latest merge made it."
     cls = "gbw-tok gbw-new" if new else "gbw-tok"
-    return f'<span class="{cls}" data-id="{i}" style="background:{_token_colour(i)}">{html.escape(text)}</span>'
+    return f'<span class="{cls}" data-id="{i}" style="background:{_token_colour(hue)}">{html.escape(text)}</span>'
 
 
 _BPE_WORDS = (
@@ -198,9 +225,9 @@ def _bpe_status(data: dict, texts: dict, start: int, ids: list, n: int) -> str:
 def _bpe_figure(data: dict, texts: dict, start: int) -> str:
     "The tokens after the first `start` merges, the status line, and the <template> with one span per token id."
     n, ids = [s for s in data["steps"] if s[0] <= start][-1]
-    new = data["merge"].get(str(n), [None])[-1]
-    tokens = "".join(_token_span(i, texts[i], i == new) for i in ids)
-    protos = "".join(_token_span(i, t) for i, t in texts.items())
+    new, hues = data["merge"].get(str(n), [None])[-1], _token_hues(data["steps"], data["merge"])
+    tokens = "".join(_token_span(i, texts[i], hues[i], i == new) for i in ids)
+    protos = "".join(_token_span(i, t, hues[i]) for i, t in texts.items())
     return (
         f'<div class="gbw-tokens" data-ids="{",".join(map(str, ids))}">{tokens}</div>'
         + _STATUS.format(_bpe_status(data, texts, start, ids, n))
@@ -239,34 +266,45 @@ def _softmax(z: np.ndarray) -> np.ndarray:
     return e / e.sum(-1, keepdims=True)
 
 
-def _bar_rows(labels: list, probs, kept, x0: int = 90, width: int = 250, row: int = 26) -> str:
-    "SVG rows: a label, the probability as a bar and as an outline (the model's own: the same at first), the value."
-    out = []
-    for r, (label, p, on) in enumerate(zip(labels, probs, kept)):
+def _bar_rows(labels: list, probs, refs, kept, x0: int = 90, width: int = 250, row: int = 26) -> str:
+    """SVG rows: a label, the probability after the settings as a bar and the model's own as an outline, both to
+    the scale of the largest of them (it spans `width`), and the value."""
+    longest, out = max(max(probs), max(refs)), []
+    for r, (label, p, ref, on) in enumerate(zip(labels, probs, refs, kept)):
         out.append(
             f'<g class="gbw-row{"" if on else " gbw-off"}" transform="translate(0,{r * row})">'
             f'<text class="gbw-label" x="{x0 - 8}" y="17" text-anchor="end">{html.escape(label)}</text>'
-            f'<rect class="gbw-bar" x="{x0}" y="4" height="18" width="{p * width:.1f}"/>'
-            f'<rect class="gbw-ref" x="{x0}" y="4" height="18" width="{p * width:.1f}"/>'
+            f'<rect class="gbw-bar" x="{x0}" y="4" height="18" width="{_fixed(p / longest * width, 1)}"/>'
+            f'<rect class="gbw-ref" x="{x0}" y="4" height="18" width="{_fixed(ref / longest * width, 1)}"/>'
             f'<text class="gbw-val" x="{x0 + width + 8}" y="17">{_fixed(p, 4) if on else "removed"}</text></g>'
         )
     return "".join(out)
 
 
-def _sampling_figure(tokens: list, z: np.ndarray, rows: int) -> str:
-    "The bars at the first settings (temperature 1, no filter: the model's own distribution) and the status line."
-    order, probs = np.argsort(-z, kind="stable")[:rows], _softmax(z)  # a masked token (-inf) sorts last
+def _sampling_figure(tokens: list, z: np.ndarray, rows: int, temperature: float, top_p: float) -> str:
+    "The bars at the first settings, computed by `gptbook.sample.filter_logits` itself, and the status line."
+    import torch
+
+    from gptbook.sample import filter_logits
+
+    f = filter_logits(torch.tensor(z, dtype=torch.float64), temperature, top_p=None if top_p == 1 else top_p)
+    order, probs, refs = np.argsort(-z, kind="stable"), f.softmax(-1).numpy(), _softmax(z)  # -inf sorts last
+    kept, shown = np.isfinite(f.numpy()), order[:rows]
     svg = f'<svg viewBox="0 0 420 {rows * 26 + 4}" role="img" aria-label="the most likely next tokens">'
-    svg += _bar_rows([tokens[i] for i in order], probs[order], np.isfinite(z[order])) + "</svg>"
-    top = _fixed(probs[order[0]], 4)
+    svg += _bar_rows([tokens[i] for i in shown], probs[shown], refs[shown], kept[shown]) + "</svg>"
+    first = order[kept[order]][0]  # the most likely token that is kept
+    p, ref = _fixed(probs[first], 4), _fixed(refs[first], 4)
     words = "Kept {kept} of {vocab} tokens; the most likely now has probability {p} (the model's own: {ref})."
-    return svg + _STATUS.format(_slots(words, kept=np.isfinite(z).sum(), vocab=len(tokens), p=top, ref=top))
+    return svg + _STATUS.format(_slots(words, kept=kept.sum(), vocab=len(tokens), p=p, ref=ref))
 
 
-def sampling_lab(prompts: list, logits, tokens: list, rows: int = 12, title: str = "Sampling lab") -> Widget:
+def sampling_lab(
+    prompts: list, logits, tokens: list, rows: int = 12, title: str = "Sampling lab", temperature=0.8, top_p=0.9
+) -> Widget:
     """Sliders for temperature, top-k, top-p and min-p over the next-token `logits` (n_prompts, vocab_size) of
     `prompts`: the kept set and its renormalised probabilities, computed in the page as `gptbook.sample` does.
-    A masked token (logit -inf) stays removed; the data hold it as null, since JSON has no -inf."""
+    It opens at `temperature` and `top_p` (the book's defaults; top_p 1 is off). A masked token (logit -inf)
+    stays removed; the data hold it as null, since JSON has no -inf."""
     logits = np.asarray(logits, dtype=np.float64).round(5)  # what the page computes with (tests use the same)
     if not prompts or not tokens:
         raise ValueError(
@@ -287,12 +325,12 @@ def sampling_lab(prompts: list, logits, tokens: list, rows: int = 12, title: str
     }
     controls = [
         choice("prompt", "prompt", [(i, repr(p)) for i, p in enumerate(prompts)]),
-        slider("temperature", "temperature", 0, 2, 0.05, 1.0),
+        slider("temperature", "temperature", 0, 2, 0.05, temperature),
         slider("top_k", "top-k", 1, vocab, 1, vocab, off=vocab),
-        slider("top_p", "top-p", 0.05, 1, 0.05, 1.0, off=1),
+        slider("top_p", "top-p", 0.05, 1, 0.05, top_p, off=1),
         slider("min_p", "min-p", 0, 0.5, 0.01, 0.0, off=0),
     ]
-    figure = _sampling_figure(tokens, logits[0], min(rows, vocab))
+    figure = _sampling_figure(tokens, logits[0], min(rows, vocab), temperature, top_p)
     return widget("sampling", title, controls, figure, data, _asset("sampling.js"), _asset("sampling.css"))
 
 # %% ../../nbs/A5_widgets.ipynb #59e56127

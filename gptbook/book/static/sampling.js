@@ -1,7 +1,8 @@
-// The sampling lab (chapter 9): gptbook.sample.filter_logits, in the page. Python drew the first picture (the
-// model's own distribution), one bar row per likely token; this script filters the chosen prompt's logits at the
-// sliders' settings, moves the bars and fills the numbers of the status line. tests/test_widgets.py checks, in
-// Chromium, that it keeps the tokens filter_logits keeps, with the same probabilities.
+// The sampling lab (chapter 9): gptbook.sample.filter_logits, in the page. Python drew the first picture (at the
+// sliders' first settings), one bar row per likely token; this script filters the chosen prompt's logits at the
+// sliders' settings, moves the bars (drawn to the scale of the longest, the row maximum) and fills the numbers of
+// the status line. tests/test_widgets.py checks, in Chromium, that it keeps the tokens filter_logits keeps, with
+// the same probabilities.
 (function (root, data, ui) {
   "use strict";
   var W = 250, rows = root.querySelectorAll(".gbw-row");
@@ -38,15 +39,16 @@
   return function (v) {
     var z = data.prompts[Number(v.prompt)].logits, order = descending(z);
     var out = filtered(z, v), probs = softmax(out), ref = softmax(z);
-    var kept = order.filter(function (i) { return out[i] > -Infinity; });
+    var kept = order.filter(function (i) { return out[i] > -Infinity; }), longest = 0;
+    rows.forEach(function (_, r) { longest = Math.max(longest, probs[order[r]], ref[order[r]]); });
     rows.forEach(function (row, r) {
       var i = order[r], on = out[i] > -Infinity;
       row.setAttribute("data-id", i);
       row.setAttribute("data-p", probs[i]);
       row.classList.toggle("gbw-off", !on);
       row.querySelector(".gbw-label").textContent = data.tokens[i];
-      row.querySelector(".gbw-ref").setAttribute("width", (ref[i] * W).toFixed(1));
-      row.querySelector(".gbw-bar").setAttribute("width", (probs[i] * W).toFixed(1));
+      row.querySelector(".gbw-ref").setAttribute("width", (ref[i] / longest * W).toFixed(1));
+      row.querySelector(".gbw-bar").setAttribute("width", (probs[i] / longest * W).toFixed(1));
       row.querySelector(".gbw-val").textContent = on ? probs[i].toFixed(4) : "removed";
     });
     root.setAttribute("data-kept", kept.join(","));
