@@ -4,11 +4,14 @@ A 2-layer attention-only transformer (`gptbook.inspect.AttentionOnly`) is traine
 which one segment is repeated right after itself (`repeat_batch`); every 25 steps `train_induction` records
 the loss on the repeated targets and on the fresh ones, and each head's previous-token and induction scores.
 The 2-layer model is trained from 5 seeds, a 1-layer model from 3; the phase change of each run is the first
-step at which the repeated-target loss falls below ln(vocab) / 2 (`phase_change_step`).
+step at which the repeated-target loss falls below ln(vocab) / 2 (`phase_change_step`). Each trained 2-layer model
+then goes through `circuit_test`: every head zeroed and mean-ablated (losses, induction scores), and every head's
+output patched from a clean repeat into a corrupted one, or zeroed on one copy only (the chapter's causal test).
 
 usage:
     python bench/induction.py              # 8 runs of 1,500 steps, 1 torch thread each, 2 at a time: 11 min on
-                                           # a 2-core VM shared with other jobs (load average 5), ~2 min per run
+                                           # a 2-core VM shared with other jobs (load average 5), ~2 min per run;
+                                           # about 15 s per run on an idle core
     python bench/induction.py --dry-run    # tiny sizes, seconds; writes only into --out if given
     python bench/induction.py --seeds 0 1 2 --steps 2000 --jobs 1
 
@@ -35,12 +38,16 @@ def one_run(args: tuple) -> dict:
     os.environ["OMP_NUM_THREADS"] = "1"
     import torch
 
-    from gptbook.inspect import phase_change_step, train_induction
+    from gptbook.inspect import circuit_test, phase_change_step, train_induction
 
     torch.set_num_threads(1)
-    _, history = train_induction(n_layers=n_layers, seed=seed, **kwargs)
+    model, history = train_induction(n_layers=n_layers, seed=seed, **kwargs)
     vocab = kwargs.get("vocab_size", 64)
-    return dict(n_layers=n_layers, seed=seed, phase_step=phase_change_step(history, vocab), history=history)
+    run = dict(n_layers=n_layers, seed=seed, phase_step=phase_change_step(history, vocab), history=history)
+    if n_layers == 2:  # the circuit's causal test: what each head costs, carries, and where it is needed
+        sizes = dict(periods=kwargs.get("periods", (8, 16)), period=kwargs.get("probe_period", 12))
+        run["circuit"] = circuit_test(model, seed, **sizes)
+    return run
 
 
 def summary(runs: list) -> dict:

@@ -16,8 +16,10 @@ from gptbook.inspect import (
     AttentionOnly,
     ablate,
     attention_layers,
+    circuit_test,
     induction_score,
     logit_lens,
+    patch,
     phase_change_step,
     previous_token_score,
     record,
@@ -152,6 +154,42 @@ def test_ablating_a_head_acts_only_through_that_head(model_and_ids):
         assert torch.equal(model(idx), plain)  # leaving the with restores the model
 
 
+def test_record_keeps_each_heads_output_as_c_proj_receives_it(model_and_ids):
+    model, idx = model_and_ids
+    with torch.no_grad(), record(model) as rec:
+        plain = model(idx)
+    assert len(rec.heads) == 2 and rec.heads[0].shape == (3, 12, 2, 8)  # (B, T, n_heads, head_dim)
+    attn, x = model.blocks[0].attn, model.blocks[0].ln_1(rec.resid[0])
+    with torch.no_grad():
+        v = attn.c_attn(x)[..., 32:].view(3, 12, 2, 8).transpose(1, 2)  # (B, nh, T, hd)
+        torch.testing.assert_close(rec.heads[0], (rec.attn[0] @ v).transpose(1, 2), atol=1e-6, rtol=0)
+        # a head patched with its own output: nothing changes, bit for bit
+        with patch(model, {(1, 1): rec.heads[1][:, :, 1]}):
+            assert torch.equal(model(idx), plain)
+        # record sees what the projection was given: after a patch, the patched value
+        with patch(model, {(0, 1): 0.5}), record(model) as patched:
+            model(idx)
+        assert torch.equal(patched.heads[0][:, :, 1], torch.full((3, 12, 8), 0.5))
+        assert torch.equal(patched.heads[0][:, :, 0], rec.heads[0][:, :, 0])
+
+
+def test_patching_a_constant_equals_moving_it_into_the_output_bias(model_and_ids):
+    # an independent reference: head 1 of layer 0 outputting v everywhere is the same function as its columns of
+    # c_proj.weight zeroed and c_proj.weight[:, slice] @ v added to c_proj.bias
+    model, idx = model_and_ids
+    v = torch.linspace(-1, 1, 8)
+    with torch.no_grad():
+        with patch(model, {(0, 1): v}):
+            patched = model(idx)
+        surgery = tiny_gpt()
+        surgery.load_state_dict(model.state_dict())
+        proj = surgery.blocks[0].attn.c_proj
+        proj.bias += proj.weight[:, 8:16] @ v
+        proj.weight[:, 8:16] = 0
+        torch.testing.assert_close(surgery(idx), patched, atol=1e-5, rtol=0)
+        assert (patched - model(idx)).abs().max() > 1e-3
+
+
 def test_ablate_refuses_a_head_that_does_not_exist(model_and_ids):
     model, _ = model_and_ids
     with pytest.raises(ValueError, match=r"no head \(0, 2\).*2 attention layers of 2 heads"):
@@ -210,6 +248,27 @@ def test_attention_only_model_trains_and_reports_its_history():
     assert phase_change_step([{"step": 0, "repeated": math.log(64) / 2}]) is None
 
 
+def test_circuit_test_finds_the_induction_circuit_of_a_trained_model():
+    # seed 0 has its phase change at step 600 (bench/results/induction.json); 1,000 steps leave a margin for
+    # another CPU's rounding, and take about 8 s on one idle core
+    model, history = train_induction(n_layers=2, seed=0, steps=1000, eval_every=1000)
+    assert history[-1]["repeated"] < 1.5
+    result = circuit_test(model, seed=0)
+    rows = {(tuple(r["head"] or ()), r["how"]): r for r in result["ablation"]}
+    prev = max(range(2), key=lambda h: rows[(), "none"]["previous"][0][h])
+    for how in ("zero", "mean"):
+        broken = rows[(0, prev), how]
+        assert broken["repeated"] > 3 and max(broken["induction"][1]) < 0.2  # no previous-token head, no induction
+        assert rows[(1, 0), how]["repeated"] > 2 and rows[(1, 1), how]["repeated"] > 2
+    runs = {(tuple(r["head"] or ()), r["how"]): r["loss"] for r in result["patching"]}
+    clean, corrupted = runs[(), "clean"], runs[(), "corrupted"]
+    assert clean < 1.5 < 4 < corrupted
+    assert runs[(0, prev), "zeroed on the first copy"] > 3 > 1.5 > runs[(0, prev), "zeroed on the second copy"]
+    for head in (0, 1):
+        assert runs[(1, head), "zeroed on the first copy"] == clean  # layer 1 reaches only its own positions
+        assert clean < runs[(1, head), "patched into corrupted"] < corrupted  # restores part of the gap
+
+
 def test_bench_induction_dry_run(tmp_path):
     r = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "induction.py"), "--dry-run", "--jobs", "1", "--out", str(tmp_path)],
@@ -221,6 +280,8 @@ def test_bench_induction_dry_run(tmp_path):
     result = json.loads((tmp_path / "induction.json").read_text())
     assert {(run["n_layers"], run["seed"]) for run in result["runs"]} == {(2, 0), (1, 0)}
     assert result["setup"]["steps"] == 30 and len(result["runs"][0]["history"]) == 4
+    two = next(run for run in result["runs"] if run["n_layers"] == 2)
+    assert len(two["circuit"]["ablation"]) == 1 + 2 * 4 and len(two["circuit"]["patching"]) == 2 + 3 * 4
 
 
 def test_saved_induction_results_show_the_phase_change_in_two_layers_only():
@@ -233,3 +294,7 @@ def test_saved_induction_results_show_the_phase_change_in_two_layers_only():
     for r in two:
         end = r["history"][-1]
         assert max(end["previous"][0]) > 0.5 and max(end["induction"][1]) > 0.5
+        intact, *ablated = r["circuit"]["ablation"]
+        prev = max(range(2), key=lambda h: intact["previous"][0][h])
+        broken = next(a for a in ablated if a["head"] == [0, prev] and a["how"] == "zero")
+        assert intact["repeated"] < 1.5 and broken["repeated"] > 3 and max(broken["induction"][1]) < 0.2
