@@ -380,7 +380,7 @@ def build_parser(command: str | None = None, preset: str | None = None) -> argpa
     p = _Parser(
         prog="gptbook",
         description="Train a GPT on Tiny Shakespeare (or your text), sample from it, score it on a text.",
-        epilog="Examples: `gptbook train` (the CPU baby model, about 6 minutes on one CPU thread), "
+        epilog="Examples: `gptbook train` (the CPU baby model: a few minutes on a laptop CPU), "
         "`gptbook sample out --prompt ROMEO:`, `gptbook eval out --data my.txt`. Several GPUs: "
         "`torchrun --standalone --nproc_per_node 8 -m gptbook train ...`.",
     )
