@@ -39,6 +39,7 @@ def causal_mask(T_q: int, T_k: int | None = None, device=None) -> torch.Tensor:
     return torch.ones(T_q, T_k, dtype=torch.bool, device=device).tril(diagonal=T_k - T_q)
 
 # %% ../nbs/03_attention.ipynb #fa7fd3bc
+#| code-fold: true
 class KVCache:
     "Pre-allocated keys and values of earlier positions, so generation computes each position once."
 
@@ -64,6 +65,7 @@ class KVCache:
         self.pos = 0
 
 # %% ../nbs/03_attention.ipynb #e766198e
+#| code-fold: true
 class MultiHeadAttention(nn.Module):
     "Causal multi-head self-attention with one fused q/k/v projection; grouped-query when n_kv_heads < n_heads."
 

@@ -247,6 +247,21 @@ def test_tiktoken_and_hf_ids_on_awkward_strings(converted, s):
         assert hf.decode(ours) == s
 
 
+@settings(max_examples=100, deadline=None)
+@given(texts, st.integers(0, 10**9), st.integers(0, 300))
+def test_tiktoken_and_hf_ids_on_random_text(converted, split, s, start, length):
+    """tiktoken joins the adjacent pair whose joined bytes rank lowest; we apply the merge with the lowest id.
+    Different rules, whose agreement chapter 1 checks rather than proves: on random text, and on random windows
+    of the validation split (where many merges apply) with the random text spliced on."""
+    val = split[1]
+    i = start % len(val)
+    for text in (s, val[i : i + length] + s):
+        for t, tt, hf in converted:
+            ours = t.encode(text)
+            assert tt.encode_ordinary(text) == ours
+            assert hf.encode(text).ids == ours
+
+
 def test_special_tokens_follow_tiktoken(tok):
     tt = tok.to_tiktoken()
     s = f"Speak.{EOT}ROMEO:{EOT}"
