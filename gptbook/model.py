@@ -154,7 +154,6 @@ class GPT(nn.Module):
         return model.to(dtype).eval()
 
 # %% ../nbs/06_model.ipynb #bf0192dd
-#| code-fold: true
 def pick_device(device: str = "auto") -> torch.device:
     "`'auto'`: CUDA if present, else Apple's MPS, else the CPU; any other string goes to `torch.device`."
     if device == "auto":

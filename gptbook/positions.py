@@ -94,6 +94,8 @@ def rope_halves_to_interleaved(head_dim: int) -> torch.Tensor:
     return torch.arange(head_dim).view(2, head_dim // 2).t().flatten()
 
 # %% ../nbs/04_positions.ipynb #980279b0
+#| code-fold: true
+#| code-summary: "SinusoidalPositions, RotaryPositions, NoPositions and make_positions"
 PositionKind = Literal["learned", "sinusoidal", "rope", "none"]
 
 
