@@ -25,7 +25,7 @@ def gelu(x: np.ndarray) -> np.ndarray:
 
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
     "GPT-2's tanh approximation of GELU."
-    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)))
 
 # %% ../../nbs/05_blocks.ipynb #4c0a813d
 def linear(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
