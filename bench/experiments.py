@@ -469,21 +469,90 @@ def comparisons_table(rows: list) -> str:
 
 
 def ablation_table(ablation: dict) -> str:
-    "A markdown table of one ablation (the chapter prints exactly this; tests/test_experiments.py checks it)."
+    """A markdown table of one ablation (the chapter prints exactly this; tests/test_experiments.py checks it):
+    each row's losses, its paired differences d = variant - reference seed by seed, their mean ± sd and verdict."""
     lines = [
-        "| variant | val loss (nats/char), mean ± std | per seed | vs " + ablation["reference"] + " | parameters |",
-        "|---|---|---|---|---|",
+        "| variant | val loss (nats/char): mean ± sd | per seed | paired d per seed | mean d ± sd of d "
+        "(vs " + ablation["reference"] + ") | parameters |",
+        "|---|---|---|---|---|---|",
     ]
+    ref = ablation["rows"][0]["val_losses"]
     for r in ablation["rows"]:
         loss = "diverged" if r["mean"] is None else f"{r['mean']:.3f} ± {r['std']:.3f}"
         seeds = ", ".join("diverged" if x is None else f"{x:.3f}" for x in r["val_losses"])
         if "verdict" not in r:
-            vs = "reference"
+            d, vs = "", "reference"
         elif r["diff_mean"] is None:
-            vs = "diverged"
+            d, vs = "", "diverged"
         else:
+            d = ", ".join(f"{v - x:+.4f}" for x, v in zip(ref, r["val_losses"]))
             vs = f"{r['diff_mean']:+.3f} ± {r['diff_std']:.3f} ({r['verdict']})"
-        lines.append(f"| {r['label']} | {loss} | {seeds} | {vs} | {r['num_params']:,} |")
+        lines.append(f"| {r['label']} | {loss} | {seeds} | {d} | {vs} | {r['num_params']:,} |")
+    return "\n".join(lines)
+
+
+def sweep_losses(results: dict) -> dict:
+    """(variant, peak lr) -> {seed: val loss} of the learning-rate check: SWEEP_VARIANTS on SWEEP_SEEDS, the main
+    runs at the reference's rate and the 'lr_sweep' section's at the others."""
+    out = {}
+    sections = [(ABLATION_TRAIN["lr"], results), *((float(k), v) for k, v in results.get("lr_sweep", {}).items())]
+    for lr, rec in sections:
+        for r in rec["runs"]:
+            if r["variant"] in SWEEP_VARIANTS and r["seed"] in SWEEP_SEEDS:
+                out.setdefault((r["variant"], lr), {})[r["seed"]] = r["val_loss"]
+    return out
+
+
+def lr_sweep(results: dict) -> list:
+    """Per variant of the learning-rate check: its mean loss at each rate (None where a run diverged), the paired
+    comparison with the reference at the same rate, its best rate, and the comparison of the variant at its best
+    rate with the reference at the reference's best (best: the lowest mean over the seeds, so slightly optimistic)."""
+    losses = sweep_losses(results)
+    lrs = sorted({lr for _, lr in losses})
+    seeds = sorted(set.intersection(*(set(x) for x in losses.values())))
+
+    def of(v, lr):
+        return [losses[v, lr][s] for s in seeds]
+
+    def mean(v, lr):
+        xs = of(v, lr)
+        return None if None in xs else statistics.fmean(xs)
+
+    def best(v):
+        return min((lr for lr in lrs if mean(v, lr) is not None), key=lambda lr: mean(v, lr))
+
+    rows = []
+    for v in SWEEP_VARIANTS:
+        row = {"variant": v, "seeds": seeds, "lrs": lrs, "mean": [mean(v, lr) for lr in lrs], "best_lr": best(v)}
+        if v != "reference":
+            row["at_lr"] = [compare(of("reference", lr), of(v, lr)) for lr in lrs]
+            row["at_best"] = compare(of("reference", best("reference")), of(v, best(v)))
+        rows.append(row)
+    return rows
+
+
+def sweep_table(rows: list, labels: dict) -> str:
+    "Markdown table of `lr_sweep`: mean loss per rate (the best in bold), paired d per rate, d at the best rates."
+    lrs = rows[0]["lrs"]
+    head = " | ".join(f"loss at {lr:g}" for lr in lrs) + " | " + " | ".join(f"d at {lr:g}" for lr in lrs)
+    lines = [f"| variant | {head} | d, each at its best rate |", "|---|" + "--:|" * (2 * len(lrs) + 1)]
+    short = {"no measurable difference": "n.s.", "better": "better", "worse": "worse"}
+
+    def vs(c):
+        return (
+            "diverged"
+            if c["diff_mean"] is None
+            else f"{c['diff_mean']:+.3f} ± {c['diff_std']:.3f} {short[c['verdict']]}"
+        )
+
+    for r in rows:
+        means = [
+            "diverged" if m is None else (f"**{m:.3f}**" if lr == r["best_lr"] else f"{m:.3f}")
+            for m, lr in zip(r["mean"], lrs)
+        ]
+        ds = [vs(c) for c in r["at_lr"]] if "at_lr" in r else ["reference"] * len(lrs)
+        best = vs(r["at_best"]) if "at_best" in r else f"best rate {r['best_lr']:g}"
+        lines.append(f"| {labels.get(r['variant'], r['variant'])} | " + " | ".join(means + ds) + f" | {best} |")
     return "\n".join(lines)
 
 
