@@ -533,6 +533,21 @@ def test_build_model_variants():
     assert abs(ratio - 1) < 0.01
 
 
+def test_query_scale_variants_are_the_two_halves_of_unscaled():
+    "At initialization q_lr_x4 computes the reference's function and q_init_x4 the unscaled model's (x4 and /4: exact)."
+    idx = torch.randint(0, 65, (2, 16))
+    with torch.no_grad():
+        out = {v: E.build_model(v, 65, 3)(idx) for v in ("reference", "unscaled", "q_init_x4", "q_lr_x4")}
+    torch.testing.assert_close(out["q_lr_x4"], out["reference"], rtol=0, atol=1e-6)
+    torch.testing.assert_close(out["q_init_x4"], out["unscaled"], rtol=0, atol=1e-6)
+    assert not torch.allclose(out["unscaled"], out["reference"], atol=1e-6)
+    ref, big = E.build_model("reference", 65, 3), E.build_model("q_init_x4", 65, 3)
+    q = ref.blocks[0].attn.n_heads * ref.blocks[0].attn.head_dim
+    for a, b in zip(ref.blocks, big.blocks):
+        assert torch.equal(4 * a.attn.c_attn.weight[:q], b.attn.c_attn.weight[:q])
+        assert torch.equal(a.attn.c_attn.weight[q:], b.attn.c_attn.weight[q:]), "keys and values untouched"
+
+
 def test_embed_scale_variant_differs_from_sinusoidal_by_the_switch_only(results):
     "The 2017 remedy: the sinusoidal variant's model, weights and all, with embed_scale on; its runs are stored."
     plain, scaled = E.build_model("sinusoidal", 65, 1), E.build_model("sinusoidal_embed_scale", 65, 1)
