@@ -1082,8 +1082,11 @@ def store_ablations(res: dict, out: Path, merge: bool = False, section: tuple = 
         path.write_text(json.dumps(res, indent=1, ensure_ascii=False) + "\n")
         print(f"wrote {path}")
         return
-    if not path.is_file():
-        raise SystemExit(f"--merge/--longer/--lr need an existing {path} (run the main ablations first)")
+    if not path.is_file() and not section:
+        raise SystemExit(f"--merge needs an existing {path} (run the main ablations first)")
+    if not path.is_file():  # a section of its own (--longer, --lr) in a new folder
+        out.mkdir(parents=True, exist_ok=True)
+        path.write_text("{}")
     with _Locked(path):
         whole = json.loads(path.read_text())
         if section:
