@@ -1052,13 +1052,13 @@ def merge_results(old: dict, new: dict, seeds=None) -> dict:
 
 
 class _Locked:
-    "An exclusive lock on `path` + '.lock' for a read-modify-write of `path` (sessions that store in parallel)."
+    "An exclusive lock on the file `path` itself for a read-modify-write of it (sessions that store in parallel)."
 
     def __init__(self, path: Path):
-        self.path = path.with_suffix(path.suffix + ".lock")
+        self.path = path
 
     def __enter__(self):
-        self.f = open(self.path, "w")
+        self.f = open(self.path, "a")  # the lock is on the file's inode; write_text keeps the inode
         fcntl.flock(self.f, fcntl.LOCK_EX)
 
     def __exit__(self, *exc):

@@ -432,6 +432,7 @@ def test_incremental_merge_into_sections(tmp_path, shakespeare_path, one_thread)
         ("linear_cooldown", 0),
     ]
     assert whole["lr_sweep"]["0.01"]["setup"]["train"]["lr"] == 0.01 and len(whole["runs"]) == 4
+    assert [f.name for f in tmp_path.iterdir()] == ["experiments.json"], "no lock file or other litter"
     assert [(x["variant"], x["seed"], x["same_curve"]) for x in whole["reproduced"]] == [
         ("reference", 1, True),
         ("linear_cooldown", 1, True),
