@@ -1,35 +1,40 @@
 """Benchmark (not a test): the ablations and expected-results cards of chapter 13 (nbs/13_experiments.ipynb).
 
-Ablations. Small GPTs on Tiny Shakespeare characters, identical except for one switch, each trained from
-3 seeds: pre- vs post-norm; attention with and without the 1/sqrt(d_k) scale; learned, sinusoidal (as GPT
-adds it, scaled to the embeddings' size, and with the embeddings times sqrt(d_model)), RoPE or no positions;
-GELU vs SwiGLU (same parameter count); LayerNorm vs RMSNorm; tied vs untied output head; and the recipe:
-no warmup, no clipping, no weight decay, decay on the embedding too (nanoGPT's rule), no biases.
-Every run uses the real trainer (`gptbook.train.Trainer`: AdamW, warmup + cosine, clipping). Within one
-seed every variant sees the same training batches, so a variant and the reference form a pair; the
-figure of merit is the cross-entropy on the whole validation split (every character predicted once).
+Ablations. Small GPTs on Tiny Shakespeare characters, identical except for one switch, each trained from the
+same 5 seeds (SEEDS, fixed before the runs: no seed is added to a close call): pre- vs post-norm; attention with
+and without the 1/sqrt(d_k) scale; learned, sinusoidal (as GPT adds it, scaled to the embeddings' size, and with
+the embeddings times sqrt(d_model)), RoPE or no positions; GELU vs SwiGLU (same parameter count); LayerNorm vs
+RMSNorm; tied vs untied output head; the recipe: no warmup, no clipping, no weight decay, decay on the embedding
+too (nanoGPT's rule), no biases; and the decay of the learning rate: constant, or a linear cool-down over the last
+20% of the steps, against the cosine. Every run uses the real trainer (`gptbook.train.Trainer`: AdamW, warmup +
+cosine, clipping). Within one seed every variant sees the same training batches, so a variant and the reference
+form a pair; the figure of merit is the cross-entropy on the whole validation split (every character predicted
+once). The Holm family: every comparison with the reference at its rate, the FOLLOW_UPS aside (the query-scale
+ablation, added after the protocol's runs). The learning-rate check: SWEEP_VARIANTS on SWEEP_SEEDS at SWEEP_LRS
+too (--lr, stored in experiments.json's 'lr_sweep' section); the 2,000-step check: --longer ('longer' section).
 
 Expected-results cards. The two configurations the book trains, `gptbook train` (baby model, characters)
-and `gptbook train --tokenizer bpe` (baby model, BPE with 512 ids), 2,000 steps each: the validation loss on
-the whole split, bits per character (nats / ln 2 / characters per token, one scale for both tokenizers), the
-context in characters, the steady-state speed and the whole run's wall time, the machine and torch version.
+and `gptbook train --tokenizer bpe` (baby model, BPE with 512 ids learned on the training text only), 2,000 steps
+each: the validation loss on the whole split, bits per character (nats / ln 2 / characters per token, one scale
+for both tokenizers), the context in characters, the steady-state speed and the whole run's wall time, the
+machine and torch version.
 
 usage:
-    python bench/experiments.py                   # everything, 1 torch thread: ~15 min on an idle core of a
-                                                  # 2-core Xeon VM, ~35 min when other jobs share it
+    python bench/experiments.py                   # everything, 1 torch thread (about 22 s a run on an idle core)
     python bench/experiments.py --quick           # smoke test: 1 seed, a few steps, nothing written
     python bench/experiments.py --only ablations  # or --only cards
-    python bench/experiments.py --seeds 0 1 2 3 --steps 600 --threads 2
-    python bench/experiments.py --only ablations --variants rope --merge   # redo one variant, keep the rest
-    python bench/experiments.py --only ablations --variants reference unscaled --seeds 3 4 5 --merge  # more seeds
+    python bench/experiments.py --only ablations --merge --missing --workers 2   # the runs the file lacks
+    python bench/experiments.py --only ablations --variants rope --merge         # redo one variant, keep the rest
+    python bench/experiments.py --only ablations --variants reference rope --seeds 0 1 2 --lr 0.01 --merge
+    python bench/experiments.py --only ablations --variants reference --seeds 0 1 2 --reproduce  # rerun, compare
     python bench/experiments.py --only ablations --steps 2000 --seeds 0 1 --variants reference rope --longer
     python bench/experiments.py --merge-file /tmp/a/experiments.json  # runs made elsewhere with --out /tmp/a
+    python bench/experiments.py --only cards --parallel-cards --keep-speed  # the cards, keeping the stored speed
     python bench/experiments.py --cards-speed     # re-measure only the cards' speed (no training): ~1 min
 
 Writes bench/results/experiments.json and bench/results/expected_results.json (or into --out DIR). A plain run
-rewrites experiments.json with the protocol's runs only: the committed file also holds the extra seeds of the
-sqrt(d_k) ablation (--merge) and the 2,000-step check (--longer), added by the commands its 'merged' and
-'longer' records name.
+rewrites experiments.json with its own runs only; --merge stores each run as it ends, so that a stopped session
+loses only the runs in progress. The committed file was built by the sessions its 'merged' records name.
 """
 
 import argparse
@@ -60,7 +65,7 @@ RESULTS = ROOT / "bench" / "results"
 
 # --- the ablation set-up ---------------------------------------------------------------------------
 
-# The baby model (4 layers, 4 heads, context 64) at half its width, so that 27 runs fit a CPU budget.
+# The baby model (4 layers, 4 heads, context 64) at half its width, so that a hundred runs fit a CPU budget.
 ABLATION_MODEL = dict(n_layers=4, n_heads=4, d_model=64, max_seq_len=64, dropout=0.0)
 # A short run of the book's schedule: warmup then cosine to 10%; eval_* only draws the (cheap) val curve.
 ABLATION_TRAIN = dict(
