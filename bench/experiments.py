@@ -1,38 +1,45 @@
 """Benchmark (not a test): the ablations and expected-results cards of chapter 13 (nbs/13_experiments.ipynb).
 
-Ablations. Small GPTs on Tiny Shakespeare characters, identical except for one switch, each trained from
-3 seeds: pre- vs post-norm; attention with and without the 1/sqrt(d_k) scale; learned, sinusoidal (as GPT
-adds it, scaled to the embeddings' size, and with the embeddings times sqrt(d_model)), RoPE or no positions;
-GELU vs SwiGLU (same parameter count); LayerNorm vs RMSNorm; tied vs untied output head; and the recipe:
-no warmup, no clipping, no weight decay, decay on the embedding too (nanoGPT's rule), no biases.
-Every run uses the real trainer (`gptbook.train.Trainer`: AdamW, warmup + cosine, clipping). Within one
-seed every variant sees the same training batches, so a variant and the reference form a pair; the
-figure of merit is the cross-entropy on the whole validation split (every character predicted once).
+Ablations. Small GPTs on Tiny Shakespeare characters, identical except for one switch, each trained from the
+same 5 seeds (SEEDS, fixed before the runs: no seed is added to a close call): pre- vs post-norm; attention with
+and without the 1/sqrt(d_k) scale; learned, sinusoidal (as GPT adds it, scaled to the embeddings' size, and with
+the embeddings times sqrt(d_model)), RoPE or no positions; GELU vs SwiGLU (same parameter count); LayerNorm vs
+RMSNorm; tied vs untied output head; the recipe: no warmup, no clipping, no weight decay, decay on the embedding
+too (nanoGPT's rule), no biases; and the decay of the learning rate: constant, or a linear cool-down over the last
+20% of the steps, against the cosine. Every run uses the real trainer (`gptbook.train.Trainer`: AdamW, warmup +
+cosine, clipping). Within one seed every variant sees the same training batches, so a variant and the reference
+form a pair; the figure of merit is the cross-entropy on the whole validation split (every character predicted
+once). The Holm family: every comparison with the reference at its rate, the FOLLOW_UPS aside (the query-scale
+ablation, added after the protocol's runs). The learning-rate check: SWEEP_VARIANTS on SWEEP_SEEDS at SWEEP_LRS
+too (--lr, stored in experiments.json's 'lr_sweep' section); the 2,000-step check: --longer ('longer' section).
 
 Expected-results cards. The two configurations the book trains, `gptbook train` (baby model, characters)
-and `gptbook train --tokenizer bpe` (baby model, BPE with 512 ids), 2,000 steps each: the validation loss on
-the whole split, bits per character (nats / ln 2 / characters per token, one scale for both tokenizers), the
-context in characters, the steady-state speed and the whole run's wall time, the machine and torch version.
+and `gptbook train --tokenizer bpe` (baby model, BPE with 512 ids learned on the training text only), 2,000 steps
+each: the validation loss on the whole split, bits per character (nats / ln 2 / characters per token, one scale
+for both tokenizers), the context in characters, the steady-state speed and the whole run's wall time, the
+machine and torch version.
 
 usage:
-    python bench/experiments.py                   # everything, 1 torch thread: ~15 min on an idle core of a
-                                                  # 2-core Xeon VM, ~35 min when other jobs share it
+    python bench/experiments.py                   # everything, 1 torch thread (about 22 s a run on an idle core)
     python bench/experiments.py --quick           # smoke test: 1 seed, a few steps, nothing written
     python bench/experiments.py --only ablations  # or --only cards
-    python bench/experiments.py --seeds 0 1 2 3 --steps 600 --threads 2
-    python bench/experiments.py --only ablations --variants rope --merge   # redo one variant, keep the rest
-    python bench/experiments.py --only ablations --variants reference unscaled --seeds 3 4 5 --merge  # more seeds
+    python bench/experiments.py --only ablations --merge --missing --workers 2   # the runs the file lacks
+    python bench/experiments.py --only ablations --variants rope --merge         # redo one variant, keep the rest
+    python bench/experiments.py --only ablations --variants reference rope --seeds 0 1 2 --lr 0.01 --merge
+    python bench/experiments.py --only ablations --variants reference --seeds 0 1 2 --reproduce  # rerun, compare
     python bench/experiments.py --only ablations --steps 2000 --seeds 0 1 --variants reference rope --longer
     python bench/experiments.py --merge-file /tmp/a/experiments.json  # runs made elsewhere with --out /tmp/a
+    python bench/experiments.py --only cards --parallel-cards --keep-speed  # the cards, keeping the stored speed
     python bench/experiments.py --cards-speed     # re-measure only the cards' speed (no training): ~1 min
 
 Writes bench/results/experiments.json and bench/results/expected_results.json (or into --out DIR). A plain run
-rewrites experiments.json with the protocol's runs only: the committed file also holds the extra seeds of the
-sqrt(d_k) ablation (--merge) and the 2,000-step check (--longer), added by the commands its 'merged' and
-'longer' records name.
+rewrites experiments.json with its own runs only; --merge stores each run as it ends, so that a stopped session
+loses only the runs in progress. The committed file was built by the sessions its 'merged' records name.
 """
 
 import argparse
+import fcntl
+import functools
 import json
 import math
 import multiprocessing
@@ -43,7 +50,7 @@ import statistics
 import sys
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -51,14 +58,14 @@ import torch
 
 from gptbook.data import load_token_data
 from gptbook.model import GPT, GPTConfig
-from gptbook.train import TrainConfig, Trainer, TrainingDiverged, train
+from gptbook.train import TrainConfig, Trainer, TrainingDiverged, lr_at, train
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 
 # --- the ablation set-up ---------------------------------------------------------------------------
 
-# The baby model (4 layers, 4 heads, context 64) at half its width, so that 27 runs fit a CPU budget.
+# The baby model (4 layers, 4 heads, context 64) at half its width, so that a hundred runs fit a CPU budget.
 ABLATION_MODEL = dict(n_layers=4, n_heads=4, d_model=64, max_seq_len=64, dropout=0.0)
 # A short run of the book's schedule: warmup then cosine to 10%; eval_* only draws the (cheap) val curve.
 ABLATION_TRAIN = dict(
@@ -74,7 +81,16 @@ ABLATION_TRAIN = dict(
     eval_interval=200,
     eval_iters=8,
 )
-SEEDS = (0, 1, 2)
+# The protocol, fixed before the runs: every variant from these five seeds, no seed added for a close call.
+SEEDS = (0, 1, 2, 3, 4)
+# The learning-rate check: the reference and the variants whose verdicts the chapter leans on, at a third and at
+# 3.3 times the reference's peak rate, from the protocol's first three seeds (the 3e-3 runs are the main ones);
+# 3e-2 was added when the reference's best rate came out at 1e-2, the grid's edge.
+SWEEP_LRS = (1e-3, 1e-2, 3e-2)
+SWEEP_VARIANTS = ("reference", "post_norm", "unscaled", "rope", "no_positions", "swiglu", "no_bias")
+SWEEP_SEEDS = (0, 1, 2)
+FOLLOW_UPS = ("query_scale",)  # ablations added after the protocol's runs: described, not in the Holm family
+COOLDOWN = 0.2  # the linear cool-down schedule decays over the last 20% of the steps
 CURVE_BIN = 10  # the training-loss curve keeps the mean of every 10 steps
 # SwiGLU has three matrices: a width of 8/3 d_model gives it the parameters of GELU's two at 4 d_model.
 # (Llama's rounding up to a multiple of 256 would give 256 here, 1.5 times as many.)
@@ -103,6 +119,12 @@ VARIANTS = {
     "wd_0": dict(model={}, unscaled=False, train={"weight_decay": 0.0}),
     "wd_embeddings": dict(model={}, unscaled=False, decay_embeddings=True),
     "no_bias": dict(model={"bias": False}, unscaled=False),
+    # the decay of the learning rate: after the same warmup, none at all, or a linear cool-down at the end
+    "constant_lr": dict(model={}, unscaled=False, train={"min_lr_ratio": 1.0}),
+    "linear_cooldown": dict(model={}, unscaled=False, schedule="linear_cooldown"),
+    # the two halves of `unscaled` under AdamW (q_init scales the query weights once, at initialization)
+    "q_init_x4": dict(model={}, unscaled=False, q_init=4.0),  # the queries started 4x larger, stepped as usual
+    "q_lr_x4": dict(model={}, unscaled=True, q_init=0.25),  # started as usual (4 x 1/4), stepped 4x as fast
 }
 
 # (name, question, [(label, variant), ...]); the first row of each is the reference it is compared with
@@ -140,6 +162,25 @@ ABLATIONS = [
             ("no biases", "no_bias"),
         ],
     ),
+    (
+        "query_scale",
+        "Larger queries at the start, or faster ones? (a follow-up, outside the Holm family)",
+        [
+            ("softmax(q·k/√d_k)", "reference"),
+            ("queries started 4x larger", "q_init_x4"),
+            ("queries stepped 4x faster", "q_lr_x4"),
+            ("both: softmax(q·k), unscaled", "unscaled"),
+        ],
+    ),
+    (
+        "schedule",
+        "Which decay of the learning rate?",
+        [
+            ("cosine to 10% (the book's)", "reference"),
+            ("constant after warmup", "constant_lr"),
+            ("linear cool-down, last 20%", "linear_cooldown"),
+        ],
+    ),
 ]
 
 
@@ -174,6 +215,10 @@ def build_model(variant: str, vocab_size: int, seed: int, model: dict | None = N
         unscale_attention(gpt)
     if spec.get("pe_scale"):
         gpt.wpe.pe.mul_(spec["pe_scale"])  # the fixed table, at the token embeddings' size
+    if spec.get("q_init"):  # the query rows of each fused q/k/v projection, once
+        with torch.no_grad():
+            for blk in gpt.blocks:
+                blk.attn.c_attn.weight[: blk.attn.n_heads * blk.attn.head_dim].mul_(spec["q_init"])
     return gpt
 
 
@@ -218,9 +263,20 @@ def _timing(history: list) -> tuple:
     return (sum(ms * k for ms, k in timed) / n if n else None), n
 
 
+def linear_cooldown_lr(cfg: TrainConfig, step: int) -> float:
+    """Warmup-stable-decay: `cfg`'s warmup, then its peak rate held, then a straight line down to its floor
+    (lr x min_lr_ratio) over the last COOLDOWN of the steps. Example: 800 steps: the peak until step 640."""
+    start = round(cfg.max_iters * (1 - COOLDOWN))
+    if step < cfg.warmup_iters or step >= cfg.max_iters:
+        return lr_at(step, cfg.lr, cfg.warmup_iters, cfg.max_iters, cfg.lr * cfg.min_lr_ratio)
+    frac = max(0, step - start) / max(1, cfg.max_iters - start)  # 0 until the cool-down, then -> 1
+    return cfg.lr - (1 - cfg.min_lr_ratio) * cfg.lr * frac
+
+
 def train_config(variant: str, seed: int, out_dir, train: dict | None = None) -> TrainConfig:
-    "The TrainConfig of one run: ABLATION_TRAIN, then `train` (the command line's), then the variant's own changes."
-    return TrainConfig(
+    """The TrainConfig of one run: ABLATION_TRAIN, then `train` (the command line's), then the variant's own changes.
+    TrainConfig's schedule is warmup + cosine; the linear cool-down replaces this config's `lr_at`."""
+    cfg = TrainConfig(
         out_dir=str(out_dir),
         **{**ABLATION_TRAIN, **(train or {}), **VARIANTS[variant].get("train", {})},
         seed=seed,
@@ -229,6 +285,9 @@ def train_config(variant: str, seed: int, out_dir, train: dict | None = None) ->
         progress=False,
         keep_last=1,
     )
+    if VARIANTS[variant].get("schedule") == "linear_cooldown":
+        cfg.lr_at = functools.partial(linear_cooldown_lr, cfg)  # the trainer asks cfg.lr_at(step) at every step
+    return cfg
 
 
 class _StepLosses(Trainer):
@@ -275,6 +334,7 @@ def run_one(variant: str, seed: int, data, train: dict | None = None, model: dic
         ],
         "ms_per_step": None if ms is None else round(ms, 2),
         "wall_s": round(wall, 2),
+        "cpu": cpu_model(),
     }
 
 
@@ -301,8 +361,9 @@ def compare(ref: list, var: list) -> dict:
     return {"diff_mean": round(mean, 4), "diff_std": round(std, 4), "verdict": verdict}
 
 
-def summarize(runs: list) -> list:
-    "The ablation table: per variant the losses over seeds, their mean and spread, and the paired comparison."
+def summarize(runs: list, seeds=None) -> list:
+    """The ablation table: per variant the losses over seeds, their mean and spread, and the paired comparison.
+    Each ablation uses the seeds all its rows have, among `seeds` (the protocol's) when it is given."""
     by = {}
     for r in runs:
         by.setdefault(r["variant"], {})[r["seed"]] = r
@@ -311,21 +372,23 @@ def summarize(runs: list) -> list:
         rows = [(label, v) for label, v in rows if v in by]  # a partial set (the longer runs) keeps what it has
         if len(rows) < 2 or rows[0][1] != "reference":
             continue
-        seeds = sorted(set.intersection(*(set(by[v]) for _, v in rows)))
-        ref = [by[rows[0][1]][s]["val_loss"] for s in seeds]
+        common = sorted(set.intersection(*(set(by[v]) for _, v in rows), *([set(seeds)] if seeds else [])))
+        if not common:
+            continue
+        ref = [by[rows[0][1]][s]["val_loss"] for s in common]
         table = []
         for label, v in rows:
-            losses = [by[v][s]["val_loss"] for s in seeds]
+            losses = [by[v][s]["val_loss"] for s in common]
             ok = [x for x in losses if x is not None]
             mean, std = _mean_std(ok) if ok else (None, None)
             row = {
                 "label": label,
                 "variant": v,
-                "seeds": seeds,
+                "seeds": common,
                 "val_losses": losses,
                 "mean": None if mean is None else round(mean, 4),
                 "std": None if std is None else round(std, 4),
-                "num_params": by[v][seeds[0]]["num_params"],
+                "num_params": by[v][common[0]]["num_params"],
             }
             if v != rows[0][1]:
                 row.update(compare(ref, losses))
@@ -395,10 +458,11 @@ def holm(pvalues: list) -> list:
 
 
 def all_comparisons(ablations: list, alpha: float = 0.05) -> list:
-    """Every compared row of every ablation as one family: paired t = mean(d) / (sd(d) / sqrt(n)) on n - 1 degrees
-    of freedom, its two-sided p, the Holm-adjusted p over the whole family and the verdict at level `alpha`."""
+    """Every compared row of every ablation but the FOLLOW_UPS as one family: paired t = mean(d) / (sd(d) / sqrt(n))
+    on n - 1 degrees of freedom, its two-sided p, the Holm-adjusted p over the whole family and the verdict at level
+    `alpha`."""
     rows = []
-    for a in ablations:
+    for a in (a for a in ablations if a["name"] not in FOLLOW_UPS):
         ref = a["rows"][0]["val_losses"]
         for r in a["rows"][1:]:
             d = [v - x for x, v in zip(ref, r["val_losses"])]
@@ -430,34 +494,120 @@ def comparisons_table(rows: list) -> str:
 
 
 def ablation_table(ablation: dict) -> str:
-    "A markdown table of one ablation (the chapter prints exactly this; tests/test_experiments.py checks it)."
+    """A markdown table of one ablation (the chapter prints exactly this; tests/test_experiments.py checks it):
+    each row's losses, its paired differences d = variant - reference seed by seed, their mean ± sd and verdict."""
     lines = [
-        "| variant | val loss (nats/char), mean ± std | per seed | vs " + ablation["reference"] + " | parameters |",
-        "|---|---|---|---|---|",
+        "| variant | val loss (nats/char): mean ± sd | per seed | paired d per seed | mean d ± sd of d "
+        "(vs " + ablation["reference"] + ") | parameters |",
+        "|---|---|---|---|---|---|",
     ]
+    ref = ablation["rows"][0]["val_losses"]
     for r in ablation["rows"]:
         loss = "diverged" if r["mean"] is None else f"{r['mean']:.3f} ± {r['std']:.3f}"
         seeds = ", ".join("diverged" if x is None else f"{x:.3f}" for x in r["val_losses"])
         if "verdict" not in r:
-            vs = "reference"
+            d, vs = "", "reference"
         elif r["diff_mean"] is None:
-            vs = "diverged"
+            d, vs = "", "diverged"
         else:
+            d = ", ".join(f"{v - x:+.4f}" for x, v in zip(ref, r["val_losses"]))
             vs = f"{r['diff_mean']:+.3f} ± {r['diff_std']:.3f} ({r['verdict']})"
-        lines.append(f"| {r['label']} | {loss} | {seeds} | {vs} | {r['num_params']:,} |")
+        lines.append(f"| {r['label']} | {loss} | {seeds} | {d} | {vs} | {r['num_params']:,} |")
     return "\n".join(lines)
 
 
-def run_ablations(data, seeds=SEEDS, train: dict | None = None, variants=None, log=print) -> list:
-    "Every variant (each run once, shared by the ablations that use it) from every seed: the list of run records."
-    variants = variants or list(VARIANTS)
+def sweep_losses(results: dict) -> dict:
+    """(variant, peak lr) -> {seed: val loss} of the learning-rate check: SWEEP_VARIANTS on SWEEP_SEEDS, the main
+    runs at the reference's rate and the 'lr_sweep' section's at the others."""
+    out = {}
+    sections = [(ABLATION_TRAIN["lr"], results), *((float(k), v) for k, v in results.get("lr_sweep", {}).items())]
+    for lr, rec in sections:
+        for r in rec["runs"]:
+            if r["variant"] in SWEEP_VARIANTS and r["seed"] in SWEEP_SEEDS:
+                out.setdefault((r["variant"], lr), {})[r["seed"]] = r["val_loss"]
+    return out
+
+
+def lr_sweep(results: dict) -> list:
+    """Per variant of the learning-rate check: its mean loss at each rate (None where a run diverged), the paired
+    comparison with the reference at the same rate, its best rate, and the comparison of the variant at its best
+    rate with the reference at the reference's best (best: the lowest mean over the seeds, so slightly optimistic)."""
+    losses = sweep_losses(results)
+    lrs = sorted({lr for _, lr in losses})
+    seeds = sorted(set.intersection(*(set(x) for x in losses.values())))
+
+    def of(v, lr):
+        return [losses[v, lr][s] for s in seeds]
+
+    def mean(v, lr):
+        xs = of(v, lr)
+        return None if None in xs else statistics.fmean(xs)
+
+    def best(v):
+        return min((lr for lr in lrs if mean(v, lr) is not None), key=lambda lr: mean(v, lr))
+
+    rows = []
+    for v in SWEEP_VARIANTS:
+        row = {"variant": v, "seeds": seeds, "lrs": lrs, "mean": [mean(v, lr) for lr in lrs], "best_lr": best(v)}
+        if v != "reference":
+            row["at_lr"] = [compare(of("reference", lr), of(v, lr)) for lr in lrs]
+            row["at_best"] = compare(of("reference", best("reference")), of(v, best(v)))
+        rows.append(row)
+    return rows
+
+
+def sweep_table(rows: list, labels: dict) -> str:
+    "Markdown table of `lr_sweep`: mean loss per rate (the best in bold), paired d per rate, d at the best rates."
+    lrs = rows[0]["lrs"]
+    head = " | ".join(f"loss at {lr:g}" for lr in lrs) + " | " + " | ".join(f"d at {lr:g}" for lr in lrs)
+    lines = [f"| variant | {head} | d, each at its best rate |", "|---|" + "--:|" * (2 * len(lrs) + 1)]
+    short = {"no measurable difference": "n.s.", "better": "better", "worse": "worse"}
+
+    def vs(c):
+        return (
+            "diverged"
+            if c["diff_mean"] is None
+            else f"{c['diff_mean']:+.3f} ± {c['diff_std']:.3f} {short[c['verdict']]}"
+        )
+
+    for r in rows:
+        means = [
+            "diverged" if m is None else (f"**{m:.3f}**" if lr == r["best_lr"] else f"{m:.3f}")
+            for m, lr in zip(r["mean"], lrs)
+        ]
+        ds = [vs(c) for c in r["at_lr"]] if "at_lr" in r else ["reference"] * len(lrs)
+        best = vs(r["at_best"]) if "at_best" in r else f"best rate {r['best_lr']:g}"
+        lines.append(f"| {labels.get(r['variant'], r['variant'])} | " + " | ".join(means + ds) + f" | {best} |")
+    return "\n".join(lines)
+
+
+def run_ablations(data, jobs: list, train: dict | None = None, workers: int = 1, done=None) -> list:
+    """Train the (variant, seed) `jobs` (in `workers` processes, one thread each); call `done(run)` as each ends.
+    Returns the run records in the order they finished."""
     runs = []
-    for seed in seeds:
-        for v in variants:
-            r = run_one(v, seed, data, train)
-            runs.append(r)
-            val = "diverged" if r["diverged"] else f"{r['val_loss']:.4f}"
-            log(f"  seed {seed} {v:13} val loss {val:>8}  {r['ms_per_step'] or 0:6.1f} ms/step  {r['wall_s']:6.1f} s")
+
+    def finish(r):
+        runs.append(r)
+        val = "diverged" if r["diverged"] else f"{r['val_loss']:.4f}"
+        print(
+            f"  seed {r['seed']} {r['variant']:15} val loss {val:>8}  {r['ms_per_step'] or 0:6.1f} ms/step  "
+            f"{r['wall_s']:6.1f} s",
+            flush=True,
+        )
+        if done is not None:
+            done(runs)
+
+    if workers == 1:
+        for v, seed in jobs:
+            finish(run_one(v, seed, data, train))
+        return runs
+    threads = torch.get_num_threads()
+    with ProcessPoolExecutor(
+        workers, mp_context=multiprocessing.get_context("fork"), initializer=torch.set_num_threads, initargs=(threads,)
+    ) as pool:
+        futures = [pool.submit(run_one, v, seed, data, train) for v, seed in jobs]
+        for f in as_completed(futures):
+            finish(f.result())
     return runs
 
 
@@ -687,21 +837,35 @@ def parse_args(argv=None):
     ap.add_argument("--only", choices=["ablations", "cards"], help="run only one of the two parts")
     ap.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS))
     ap.add_argument("--steps", type=int, default=ABLATION_TRAIN["max_iters"], help="training steps per ablation run")
+    ap.add_argument(
+        "--lr",
+        type=float,
+        default=ABLATION_TRAIN["lr"],
+        help="peak learning rate; another rate than the reference's goes into experiments.json's lr_sweep section",
+    )
     ap.add_argument("--card-steps", type=int, default=2000)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier timings on a shared machine)")
+    ap.add_argument("--workers", type=int, default=1, help="ablation runs trained at once, each in its own process")
     ap.add_argument("--parallel-cards", action="store_true", help="train the two cards' runs in two processes at once")
     ap.add_argument("--out", type=Path, help="folder for the JSON files (default bench/results; --quick: none)")
     ap.add_argument("--variants", nargs="+", choices=list(VARIANTS), help="run only these ablation variants")
     ap.add_argument(
         "--merge",
         action="store_true",
-        help="add these runs to the existing experiments.json: a (variant, seed) run there is replaced, the rest kept",
+        help="add these runs to the existing experiments.json as each ends: a (variant, seed) run there is "
+        "replaced, the rest kept",
     )
+    ap.add_argument("--missing", action="store_true", help="with --merge: skip the (variant, seed) runs the file has")
     ap.add_argument(
         "--longer",
         action="store_true",
         help="store the ablation runs in experiments.json's 'longer' section (a check at more --steps), "
         "leaving the main runs alone",
+    )
+    ap.add_argument(
+        "--reproduce",
+        action="store_true",
+        help="rerun stored runs and record, in experiments.json's 'reproduced' list, whether they came out the same",
     )
     ap.add_argument(
         "--merge-file",
@@ -716,6 +880,11 @@ def parse_args(argv=None):
         action="store_true",
         help="train nothing: re-measure only the cards' steady-state speed fields in the existing "
         "expected_results.json (best of 5 interleaved bursts of 20 steps), with the machine and load average",
+    )
+    ap.add_argument(
+        "--keep-speed",
+        action="store_true",
+        help="train the cards but keep the steady-state speed the existing expected_results.json measured",
     )
     return ap.parse_args(argv)
 
@@ -733,18 +902,28 @@ def main(argv=None):
         for path in args.merge_file:
             res = json.loads(path.read_text())
             res.setdefault("note", f"run with --out {path.parent}, merged by `{command}`")
-            store_ablations(res, out or RESULTS, merge=True, longer=args.longer)
+            store_ablations(res, out or RESULTS, merge=True, section=section_of(args))
         return
     if args.quick:
         args.seeds, args.steps, args.card_steps = args.seeds[:1], 20, 20
     if args.only in (None, "ablations"):
-        res = run_ablation_session(args, command, stamp)
+        res = run_ablation_session(args, command, stamp, out)
         for a in res["ablations"]:
             print(f"\n{a['question']}\n{ablation_table(a)}\n{a['conclusion']}")
-        if out is not None:
-            store_ablations(res, out, merge=args.merge, longer=args.longer)
+        if out is not None and not (args.merge or args.reproduce):
+            store_ablations(res, out, section=section_of(args))
     if args.only in (None, "cards"):
-        make_cards(args.card_steps, args.quick, out, command, stamp, machine_info(args.threads), args.parallel_cards)
+        keep = json.loads((out / "expected_results.json").read_text())["cards"] if args.keep_speed else None
+        make_cards(
+            args.card_steps, args.quick, out, command, stamp, machine_info(args.threads), args.parallel_cards, keep
+        )
+
+
+def section_of(args) -> tuple:
+    "Where a session's runs go in experiments.json: the main runs (), ('longer',) or ('lr_sweep', its rate)."
+    if args.longer:
+        return ("longer",)
+    return () if args.lr == ABLATION_TRAIN["lr"] else ("lr_sweep", f"{args.lr:g}")
 
 
 def ablation_setup(seeds: list, train: dict) -> dict:
@@ -769,38 +948,68 @@ def variants_record() -> dict:
             "model_overrides": v["model"],
             "unscaled_attention": v["unscaled"],
             "pe_scale": v.get("pe_scale"),
+            **({"query_init_scale": v["q_init"]} if v.get("q_init") else {}),
             **({"train_overrides": v["train"]} if "train" in v else {}),
             **({"decay_embeddings": True} if v.get("decay_embeddings") else {}),
+            **({"schedule": v["schedule"], "cooldown_fraction": COOLDOWN} if v.get("schedule") else {}),
         }
         for k, v in VARIANTS.items()
     }
 
 
-def run_ablation_session(args, command: str, stamp: str) -> dict:
-    """Train the ablation runs `args` asks for; returns a whole experiments.json record of them.
-
-    With --steps other than 800 the schedule stretches with it: warmup a tenth of the steps, four evaluations."""
+def session_train(args) -> dict:
+    """ABLATION_TRAIN's fields as a session runs them. With --steps other than 800 the schedule stretches with it:
+    warmup a tenth of the steps, four evaluations."""
     train_over = {}
     if args.quick:
         train_over = {"warmup_iters": 5, "eval_interval": 10, "eval_iters": 2}
     elif args.steps != ABLATION_TRAIN["max_iters"]:
         train_over = {"warmup_iters": max(1, args.steps // 10), "eval_interval": max(1, args.steps // 4)}
-    train_over["max_iters"] = args.steps
+    return {"max_iters": args.steps, "lr": args.lr, **train_over}
+
+
+def stored_runs(out, section: tuple) -> list:
+    "The runs of `section` of out/experiments.json (none if either is missing)."
+    path = None if out is None else out / "experiments.json"
+    rec = json.loads(path.read_text()) if path is not None and path.is_file() else {}
+    for key in section:
+        rec = rec.get(key, {})
+    return rec.get("runs", [])
+
+
+def run_ablation_session(args, command: str, stamp: str, out=None) -> dict:
+    """Train the ablation runs `args` asks for; returns a whole experiments.json record of them. With --merge each
+    run is merged into out/experiments.json as it ends (a stopped session loses only the runs in progress)."""
+    train_over = session_train(args)
     variants = args.variants or list(VARIANTS)
+    jobs = [(v, s) for s in args.seeds for v in variants]
+    section = section_of(args)
+    if args.missing or args.reproduce:
+        have = {(r["variant"], r["seed"]) for r in stored_runs(out, section)}
+        jobs = [j for j in jobs if (j in have) == args.reproduce]
     data = load_token_data("char")
-    print(f"ablations: {len(variants)} variants x seeds {args.seeds}, {args.steps} steps each", flush=True)
+    print(f"ablations: {len(jobs)} runs of {args.steps} steps at peak lr {args.lr:g}: {jobs}", flush=True)
     load0, t0 = _load(), time.perf_counter()
-    runs = run_ablations(data, args.seeds, train_over, variants, log=lambda s: print(s, flush=True))
-    return {
-        "date": stamp,
-        "command": command,
-        "machine": {**machine_info(args.threads), "load_avg_before": load0, "load_avg_after": _load()},
-        "total_wall_s": round(time.perf_counter() - t0, 1),
-        "setup": ablation_setup(args.seeds, {**ABLATION_TRAIN, **train_over}),
-        "variants": variants_record(),
-        "runs": runs,
-        "ablations": summarize(runs),
-    }
+
+    def record(runs):
+        return {
+            "date": stamp,
+            "command": command,
+            "machine": {**machine_info(args.threads), "load_avg_before": load0, "load_avg_after": _load()},
+            "total_wall_s": round(time.perf_counter() - t0, 1),
+            "setup": ablation_setup(args.seeds, {**ABLATION_TRAIN, **train_over}),
+            "variants": variants_record(),
+            "runs": sorted(runs, key=lambda r: (r["seed"], list(VARIANTS).index(r["variant"]))),
+        }
+
+    def done(runs):
+        if out is not None and args.reproduce:
+            store_reproduced(record(runs), out, section)
+        elif out is not None and args.merge:
+            store_ablations(record(runs), out, merge=True, section=section)
+
+    runs = run_ablations(data, jobs, train_over, args.workers, done)
+    return {**record(runs), "ablations": summarize(runs)}
 
 
 def merge_runs(old: list, new: list) -> list:
@@ -812,53 +1021,138 @@ def merge_runs(old: list, new: list) -> list:
 SESSION_KEYS = ("date", "command", "machine", "total_wall_s", "note")
 
 
-def merge_results(old: dict, new: dict) -> dict:
+def merge_results(old: dict, new: dict, seeds=None) -> dict:
     """`old` (an experiments.json record) with `new`'s runs merged in (`merge_runs`) and its session, and the
-    sessions it merged, listed under 'merged'. The set-ups must agree except in their seeds; the merged
-    set-up's seeds are those every variant has a run on (a run on another seed adds to the variants that have it)."""
+    sessions it merged, listed under 'merged' (a session stored again replaces its entry). The set-ups must agree
+    except in their seeds. The merged set-up's seeds are `seeds` (the protocol's, which the tables then use), or
+    else those every variant has a run on (a run on another seed adds to the variants that have it)."""
 
     def same(setup):
         return {k: v for k, v in setup.items() if k != "seeds"}
 
     if same(old["setup"]) != same(json.loads(json.dumps(new["setup"]))):
         raise SystemExit("merge: the stored runs used another set-up (model or training); rerun all or use --longer")
-    sessions = [{k: new[k] for k in SESSION_KEYS if k in new}, *new.get("merged", [])]
+    own, sessions = {k: new[k] for k in SESSION_KEYS if k in new}, new.get("merged", [])
+    if (old.get("date"), old.get("command")) == (own.get("date"), own.get("command")):
+        old = {**old, **own}  # the session that made `old`, stored again as it goes on
+    else:
+        sessions = [own, *sessions]
+    ids = {(s["date"], s["command"]) for s in sessions}
+    merged = [s for s in old.get("merged", []) if (s["date"], s["command"]) not in ids] + sessions
     runs = merge_runs(old["runs"], new["runs"])
     by_variant = {}
     for r in runs:
         by_variant.setdefault(r["variant"], set()).add(r["seed"])
-    setup = {**old["setup"], "seeds": sorted(set.intersection(*by_variant.values()))}
-    merged = old.get("merged", []) + sessions
-    return {**old, "setup": setup, "merged": merged, "runs": runs, "ablations": summarize(runs)}
+    every = sorted(set.intersection(*by_variant.values()))
+    setup = {**old["setup"], "seeds": list(seeds) if seeds is not None else every}
+    variants = new.get("variants", old.get("variants"))
+    return {
+        **old,
+        **({"variants": variants} if variants else {}),
+        "setup": setup,
+        "merged": merged,
+        "runs": runs,
+        "ablations": summarize(runs, seeds),
+    }
 
 
-def store_ablations(res: dict, out: Path, merge: bool = False, longer: bool = False) -> None:
+class _Locked:
+    "An exclusive lock on the file `path` itself for a read-modify-write of it (sessions that store in parallel)."
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __enter__(self):
+        self.f = open(self.path, "a")  # the lock is on the file's inode; write_text keeps the inode
+        fcntl.flock(self.f, fcntl.LOCK_EX)
+
+    def __exit__(self, *exc):
+        fcntl.flock(self.f, fcntl.LOCK_UN)
+        self.f.close()
+
+
+def store_ablations(res: dict, out: Path, merge: bool = False, section: tuple = ()) -> None:
     """Write an ablation session `res` into out/experiments.json: the whole file, or (`merge`) merged into it, or
-    (`longer`) into its 'longer' section. The file is read again just before writing, so that sessions run in
-    parallel with --merge and finishing at different times keep each other's runs."""
+    into its `section` ('longer', or 'lr_sweep' and a rate), merged or replacing it. The main runs' tables use the
+    protocol's seeds (SEEDS). The file is read again, under a lock, just before writing, so that sessions
+    storing in parallel keep each other's runs."""
     path = out / "experiments.json"
-    res = {**res, "ablations": summarize(res["runs"])}  # as this script makes them (a file may come from elsewhere)
-    if not (merge or longer):
+    seeds = None if section else list(SEEDS)
+    res = {
+        **res,
+        "ablations": summarize(res["runs"], seeds),
+    }  # as this script makes them (a file may come from elsewhere)
+    if not (merge or section):
         out.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(res, indent=1, ensure_ascii=False) + "\n")
         print(f"wrote {path}")
         return
-    if not path.is_file():
-        raise SystemExit(f"--merge/--longer need an existing {path} (run the main ablations first)")
-    whole = json.loads(path.read_text())
-    if longer:
-        res = {k: v for k, v in res.items() if k != "variants"}  # the main record has them
-        old = whole.get("longer")
-        whole["longer"] = res if old is None or not merge else merge_results(old, res)
-    else:
-        whole = merge_results(whole, res)
-    path.write_text(json.dumps(whole, indent=1, ensure_ascii=False) + "\n")
-    print(f"wrote {path}" + (" (its 'longer' section)" if longer else ""))
+    if not path.is_file() and not section:
+        raise SystemExit(f"--merge needs an existing {path} (run the main ablations first)")
+    if not path.is_file():  # a section of its own (--longer, --lr) in a new folder
+        out.mkdir(parents=True, exist_ok=True)
+        path.write_text("{}")
+    with _Locked(path):
+        whole = json.loads(path.read_text())
+        if section:
+            res = {k: v for k, v in res.items() if k != "variants"}  # the main record has them
+            parent = whole
+            for key in section[:-1]:
+                parent = parent.setdefault(key, {})
+            old = parent.get(section[-1])
+            parent[section[-1]] = res if old is None or not merge else merge_results(old, res)
+        else:
+            whole = merge_results(whole, res, seeds)
+        path.write_text(json.dumps(whole, indent=1, ensure_ascii=False) + "\n")
+    print(f"wrote {path}" + (f" (its {'/'.join(section)} section)" if section else ""))
 
 
-def make_cards(steps: int, quick: bool, out, command: str, stamp: str, machine: dict, parallel: bool = False) -> list:
+def _largest_gap(a: list, b: list) -> float | None:
+    "The largest |x - y| over two equally long lists of numbers (None if their lengths differ)."
+    return max(abs(x - y) for x, y in zip(a, b)) if len(a) == len(b) else None
+
+
+def store_reproduced(res: dict, out: Path, section: tuple = ()) -> None:
+    """Record in out/experiments.json's 'reproduced' list, for every run of `res`, the stored run's validation loss
+    and the rerun's, the largest difference over the training curve and over the evaluations, and where both ran
+    (one entry per stored run: a later rerun replaces it). The stored runs stay as they are."""
+    path = out / "experiments.json"
+    with _Locked(path):
+        whole = json.loads(path.read_text())
+        stored = {(r["variant"], r["seed"]): r for r in stored_runs(out, section)}
+        where = "/".join(section) or "main"
+        for r in res["runs"]:
+            s = stored[r["variant"], r["seed"]]
+            evals = (
+                [(e["train_loss"], e["val_loss"]) for e in s["evals"]],
+                [(e["train_loss"], e["val_loss"]) for e in r["evals"]],
+            )
+            entry = {
+                "variant": r["variant"],
+                "seed": r["seed"],
+                "section": where,
+                "stored_val_loss": s["val_loss"],
+                "stored_cpu": s.get("cpu"),
+                "rerun_val_loss": r["val_loss"],
+                "rerun_cpu": r["cpu"],
+                "same_curve": s["curve"] == r["curve"] and s["evals"] == r["evals"],
+                "curve_max_diff": _largest_gap(s["curve"]["train_loss"], r["curve"]["train_loss"]),
+                "evals_max_diff": _largest_gap(sum(evals[0], ()), sum(evals[1], ())),
+                "date": res["date"],
+                "command": res["command"],
+                "torch": res["machine"]["torch"],
+            }
+            old = whole.get("reproduced", [])
+            whole["reproduced"] = [
+                x for x in old if (x["variant"], x["seed"], x["section"]) != (r["variant"], r["seed"], where)
+            ] + [entry]
+        path.write_text(json.dumps(whole, indent=1, ensure_ascii=False) + "\n")
+    print(f"wrote {path} (its reproduced list)")
+
+
+def make_cards(steps, quick, out, command: str, stamp: str, machine: dict, parallel=False, keep=None) -> list:
     """Train both cards' runs (one after the other, or with `parallel` in two processes at once), measure their
-    steady-state speed, check them and write expected_results.json."""
+    steady-state speed (or keep that of the cards `keep`), check them and write expected_results.json."""
     t0, jobs = time.perf_counter(), [("baby-char", "char", 512, steps), ("baby-bpe512", "bpe", 512, steps)]
     print(f"cards: training {steps} steps each{' in two processes' if parallel else ''} ...", flush=True)
     if parallel:
@@ -866,7 +1160,16 @@ def make_cards(steps: int, quick: bool, out, command: str, stamp: str, machine: 
             cards = list(pool.map(run_card, *zip(*jobs)))
     else:
         cards = [run_card(*job) for job in jobs]
-    cards = measure_speed(cards, command, stamp, machine["threads"], quick)
+    if keep is None:
+        cards = measure_speed(cards, command, stamp, machine["threads"], quick)
+    else:  # the same models: the speed measured before, converted with this run's characters per token
+        old = {c["name"]: c for c in keep}
+        cards = [
+            {**add_speed(c, old[c["name"]]["ms_per_step"]), "speed_measured": old[c["name"]]["speed_measured"]}
+            for c in cards
+        ]
+        for c in cards:
+            check_card(c)
     res = {
         "date": stamp,
         "command": command,

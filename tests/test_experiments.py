@@ -5,6 +5,7 @@ compute what they claim."""
 import importlib.util
 import json
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +23,7 @@ NOTEBOOK = ROOT / "nbs" / "13_experiments.ipynb"
 def _load_bench():
     spec = importlib.util.spec_from_file_location("experiments", ROOT / "bench" / "experiments.py")
     mod = importlib.util.module_from_spec(spec)
+    sys.modules["experiments"] = mod  # so that --workers' processes can refer to its functions by name
     spec.loader.exec_module(mod)
     return mod
 
@@ -89,7 +91,7 @@ def test_experiments_json_well_formed(results):
 
 def test_summary_recomputed_from_runs(results):
     "The stored ablation tables are what summarize() makes of the stored runs, and means/stds check out in NumPy."
-    assert E.summarize(results["runs"]) == results["ablations"]
+    assert E.summarize(results["runs"], results["setup"]["seeds"]) == results["ablations"]
     names = [a["name"] for a in results["ablations"]]
     assert names == [name for name, _, _ in E.ABLATIONS], "every ablation is in the results"
     for a in results["ablations"]:
@@ -117,12 +119,40 @@ def test_reference_run_shared_by_every_ablation(results):
         assert set(row["seeds"]) >= set(results["setup"]["seeds"]), "every ablation has the protocol's seeds"
 
 
-def test_unscaled_attention_has_more_seeds_than_the_protocol(results):
-    "The most fragile verdict of the first edition got more seeds: the ablation pairs every seed both variants have."
-    a = next(a for a in results["ablations"] if a["name"] == "attention_scale")
-    seeds = {v: {r["seed"] for r in results["runs"] if r["variant"] == v} for v in ("reference", "unscaled")}
-    assert a["rows"][1]["seeds"] == sorted(seeds["reference"] & seeds["unscaled"])
-    assert len(a["rows"][1]["seeds"]) >= 6 > len(results["setup"]["seeds"])
+def test_every_row_has_exactly_the_protocols_seeds(results):
+    "The protocol fixed five seeds for every variant in advance: no row has more (runs on other seeds: in no table)."
+    assert results["setup"]["seeds"] == list(E.SEEDS) == [0, 1, 2, 3, 4]
+    for a in results["ablations"]:
+        for row in a["rows"]:
+            assert row["seeds"] == list(E.SEEDS), (a["name"], row["label"])
+    assert [r["df"] + 1 for r in E.all_comparisons(results["ablations"])] == [5] * 17, "the Holm family: 17 rows"
+
+
+def test_runs_record_their_cpu_and_the_reruns_reproduce(results):
+    "Every run names its CPU; the reference runs made on another CPU were rerun here and came out the same."
+    runs = {(r["variant"], r["seed"]): r for r in results["runs"]}
+    assert all(r["cpu"] for r in runs.values())
+    reproduced = {(x["variant"], x["seed"]): x for x in results["reproduced"]}
+    mixed = {s for (v, s), r in runs.items() if s in E.SEEDS and r["cpu"] != runs["reference", s]["cpu"]}
+    for s in mixed:  # a pair made on two CPUs: its reference was rerun on the variant's
+        x = reproduced["reference", s]
+        assert x["stored_val_loss"] == x["rerun_val_loss"] == runs["reference", s]["val_loss"]
+        assert x["evals_max_diff"] == 0 and x["curve_max_diff"] <= 1.5e-4, "at most a rounding of the 4th decimal"
+        assert x["stored_cpu"] == runs["reference", s]["cpu"] != x["rerun_cpu"]
+
+
+def test_lr_sweep_section(results):
+    "The learning-rate check: the pre-stated variants and seeds at each rate, set-up as the main runs' but the rate."
+    sweep = results["lr_sweep"]
+    assert sorted(float(k) for k in sweep) == sorted(E.SWEEP_LRS)
+    for key, rec in sweep.items():
+        assert rec["setup"]["train"] == {**results["setup"]["train"], "lr": float(key)}
+        assert rec["setup"]["model"] == results["setup"]["model"]
+        got = sorted((r["variant"], r["seed"]) for r in rec["runs"])
+        assert got == sorted((v, s) for v in E.SWEEP_VARIANTS for s in E.SWEEP_SEEDS)
+        assert all(r["diverged"] == (r["val_loss"] is None) for r in rec["runs"])
+    rows = E.lr_sweep(results)
+    assert [r["variant"] for r in rows] == list(E.SWEEP_VARIANTS) and rows[0]["lrs"] == sorted([3e-3, *E.SWEEP_LRS])
 
 
 def test_longer_runs_section(results):
@@ -177,6 +207,10 @@ def test_merge_results_refuses_another_setup_and_records_the_session():
     assert E.merge_results(old, new)["setup"]["seeds"] == [0], "the seeds every variant has"
     assert [r["seed"] for r in merged["runs"]] == [0, 1, 2, 3]
     assert merged["merged"] == [{"date": "d", "command": "c", "machine": {}, "total_wall_s": 1.0}]
+    again = E.merge_results(merged, {**new, "total_wall_s": 2.0})  # the same session, stored again as it goes on
+    assert again["merged"] == [{"date": "d", "command": "c", "machine": {}, "total_wall_s": 2.0}]
+    fixed = E.merge_results(old, new, seeds=[0, 1])
+    assert fixed["setup"]["seeds"] == [0, 1] and all(r["seeds"] == [0] for a in fixed["ablations"] for r in a["rows"])
     longer = {**new, "setup": E.ablation_setup([3], {**E.ABLATION_TRAIN, "max_iters": 2000})}
     with pytest.raises(SystemExit, match="another set-up"):
         E.merge_results(old, longer)
@@ -294,7 +328,8 @@ def test_holm_by_hand():
 
 def test_all_comparisons_is_one_family_over_every_ablation_row(results):
     rows = E.all_comparisons(results["ablations"])
-    assert len(rows) == sum(len(a["rows"]) - 1 for a in results["ablations"])
+    family = [a for a in results["ablations"] if a["name"] not in E.FOLLOW_UPS]
+    assert len(rows) == sum(len(a["rows"]) - 1 for a in family) == 17
     for r in rows:
         d = np.array(r["d"])
         assert r["t"] == pytest.approx(d.mean() / (d.std(ddof=1) / math.sqrt(len(d))))
@@ -314,6 +349,94 @@ def test_recipe_variants_change_only_their_setting(tmp_path):
         assert getattr(cfg, field) == value and cfg.replace(**{field: getattr(base, field)}) == base
     assert E.build_model("no_bias", 65, 0).config == E.build_model("reference", 65, 0).config.replace(bias=False)
     assert E.build_model("no_bias", 65, 0).num_params() < E.build_model("reference", 65, 0).num_params()
+
+
+def test_schedule_variants(tmp_path):
+    "Constant: the cosine from the peak to the peak. Linear cool-down: the peak held to 80% of the run, then a line."
+    ref, const = E.train_config("reference", 0, tmp_path), E.train_config("constant_lr", 0, tmp_path)
+    cool = E.train_config("linear_cooldown", 0, tmp_path)
+    peak, floor, n, w = ref.lr, ref.lr * ref.min_lr_ratio, ref.max_iters, ref.warmup_iters
+    assert const.replace(min_lr_ratio=ref.min_lr_ratio) == ref and cool == ref, "one change each"
+    for t in range(n + 1):
+        warm = ref.lr_at(t) if t < w else None
+        assert const.lr_at(t) == pytest.approx(warm or peak)
+        line = peak - (peak - floor) * max(0, t - 0.8 * n) / (0.2 * n)  # by hand: 640 -> 800
+        assert cool.lr_at(t) == pytest.approx(warm or line, rel=1e-12), t
+    assert cool.lr_at(639) == cool.lr_at(640) == peak and cool.lr_at(720) == pytest.approx((peak + floor) / 2)
+    assert cool.lr_at(n) == ref.lr_at(n) == pytest.approx(floor)
+
+
+def _sweep_results(loss):
+    "A results record for `lr_sweep`: loss(variant, lr, seed) for the sweep's variants and seeds at the three rates."
+    rec = {"runs": [], "lr_sweep": {}}
+    for lr in (3e-3, *E.SWEEP_LRS):
+        runs = [{"variant": v, "seed": s, "val_loss": loss(v, lr, s)} for v in E.SWEEP_VARIANTS for s in E.SWEEP_SEEDS]
+        if lr == 3e-3:
+            rec["runs"] = runs + [{"variant": "rope", "seed": 4, "val_loss": 0.0}]  # seed 4: not the sweep's
+        else:
+            rec["lr_sweep"][f"{lr:g}"] = {"runs": runs}
+    return rec
+
+
+def test_lr_sweep_by_hand():
+    "Each row: means per rate, paired d at each rate, the best rates; a diverged run is no one's best."
+    base = {1e-3: 2.3, 3e-3: 2.1, 1e-2: 2.2, 3e-2: 2.4}
+    shift = {"rope": {1e-3: -0.2, 3e-3: -0.1, 1e-2: -0.3, 3e-2: -0.1}, "post_norm": {1e-2: None, 3e-2: None}}
+
+    def loss(v, lr, s):
+        d = 0.0 if v == "reference" else shift.get(v, {}).get(lr, 0.01)
+        return None if d is None else base[lr] + d + 0.001 * s * (v != "reference")
+
+    rows = {r["variant"]: r for r in E.lr_sweep(_sweep_results(loss))}
+    assert rows["reference"]["best_lr"] == 3e-3 and rows["reference"]["mean"] == pytest.approx([2.3, 2.1, 2.2, 2.4])
+    rope = rows["rope"]
+    assert rope["seeds"] == [0, 1, 2] and rope["best_lr"] == 1e-2  # 2.2 - 0.3 + 0.001 = 1.901
+    assert [c["diff_mean"] for c in rope["at_lr"]] == pytest.approx([-0.199, -0.099, -0.299, -0.099])
+    assert rope["at_best"]["diff_mean"] == pytest.approx(1.901 - 2.1) and rope["at_best"]["verdict"] == "better"
+    post = rows["post_norm"]
+    assert post["mean"][2:] == [None, None] and post["at_lr"][2]["verdict"] == "diverged" and post["best_lr"] == 3e-3
+    table = E.sweep_table(list(rows.values()), {"rope": "RoPE"})
+    assert "| RoPE | 2.101 | 2.001 | **1.901** | 2.301 | -0.199 ± 0.001 better |" in table and "diverged" in table
+
+
+def test_ablation_table_shows_the_paired_differences_seed_by_seed():
+    "The reviewer's case: a difference the rounded losses hide (2.166 vs 2.166) shows in the paired column."
+    runs = [_fake_run("reference", s, x) for s, x in enumerate([2.1664, 2.1594, 2.1671])]
+    runs += [_fake_run("wd_0", s, x) for s, x in enumerate([2.1656, 2.1579, 2.1636])]
+    (recipe,) = E.summarize(runs)
+    table = E.ablation_table(recipe)
+    assert "| 2.166, 2.158, 2.164 | -0.0008, -0.0015, -0.0035 | -0.002 ± 0.001 (better) |" in table
+
+
+@pytest.mark.slow
+def test_incremental_merge_into_sections(tmp_path, shakespeare_path, one_thread):
+    "--merge stores each run as it ends (here: 2 workers); --lr goes to lr_sweep; --reproduce records a rerun."
+    args = ["--only", "ablations", "--steps", "4", "--out", str(tmp_path), "--variants", "reference", "linear_cooldown"]
+    E.main([*args, "--seeds", "0"])
+    first = json.loads((tmp_path / "experiments.json").read_text())
+    E.main([*args, "--seeds", "0", "1", "--merge", "--missing", "--workers", "2"])
+    whole = json.loads((tmp_path / "experiments.json").read_text())
+    assert sorted((r["variant"], r["seed"]) for r in whole["runs"]) == [
+        ("linear_cooldown", 0),
+        ("linear_cooldown", 1),
+        ("reference", 0),
+        ("reference", 1),
+    ]
+    assert [r for r in whole["runs"] if r["seed"] == 0] == first["runs"], "--missing: seed 0 was not rerun"
+    assert len(whole["merged"]) == 1 and whole["ablations"][0]["rows"][1]["seeds"] == [0, 1]
+    E.main([*args, "--seeds", "0", "--lr", "0.01", "--merge"])
+    E.main([*args, "--seeds", "1", "--reproduce"])
+    whole = json.loads((tmp_path / "experiments.json").read_text())
+    assert [(r["variant"], r["seed"]) for r in whole["lr_sweep"]["0.01"]["runs"]] == [
+        ("reference", 0),
+        ("linear_cooldown", 0),
+    ]
+    assert whole["lr_sweep"]["0.01"]["setup"]["train"]["lr"] == 0.01 and len(whole["runs"]) == 4
+    assert [f.name for f in tmp_path.iterdir()] == ["experiments.json"], "no lock file or other litter"
+    assert [(x["variant"], x["seed"], x["same_curve"]) for x in whole["reproduced"]] == [
+        ("reference", 1, True),
+        ("linear_cooldown", 1, True),
+    ]
 
 
 def test_decay_embeddings_too_puts_the_embedding_in_the_decayed_group(tmp_path):
@@ -346,6 +469,11 @@ def test_chapter_tables_match_results(results, expected):
         assert a["conclusion"] in shown
     assert E.cards_table(expected["cards"]) in shown, "the chapter's cards table is stale: re-execute the notebook"
     assert E.comparisons_table(E.all_comparisons(results["ablations"])) in shown, "the Holm table is stale"
+    assert E.sweep_table(E.lr_sweep(results), SWEEP_LABELS) in shown, "the learning-rate table is stale"
+
+
+SWEEP_LABELS = {"reference": "reference", "post_norm": "post-norm", "unscaled": "unscaled attention"}
+SWEEP_LABELS |= {"rope": "RoPE", "no_positions": "no positions", "swiglu": "SwiGLU", "no_bias": "no biases"}
 
 
 def test_numbers_quoted_in_the_prose_are_in_the_tables(results):
@@ -357,6 +485,7 @@ def test_numbers_quoted_in_the_prose_are_in_the_tables(results):
     quoted = re.findall(r"(\d\.\d{3}) ± (\d\.\d{3})", prose)
     assert len(quoted) >= 5, "the conclusions quote the measured differences"
     tables = "\n".join(E.ablation_table(a) for a in results["ablations"])
+    tables += "\n" + E.sweep_table(E.lr_sweep(results), SWEEP_LABELS)
     for mean, spread in quoted:
         assert f"{mean} ± {spread}" in tables, f"the text quotes {mean} ± {spread}, which no table shows"
 
@@ -411,6 +540,21 @@ def test_build_model_variants():
     # SwiGLU at (nearly) GELU's parameter count: within 1% of the reference model
     ratio = E.build_model("swiglu", 65, 0).num_params() / E.build_model("reference", 65, 0).num_params()
     assert abs(ratio - 1) < 0.01
+
+
+def test_query_scale_variants_are_the_two_halves_of_unscaled():
+    "At initialization q_lr_x4 computes the reference's function and q_init_x4 the unscaled model's (x4 and /4: exact)."
+    idx = torch.randint(0, 65, (2, 16))
+    with torch.no_grad():
+        out = {v: E.build_model(v, 65, 3)(idx) for v in ("reference", "unscaled", "q_init_x4", "q_lr_x4")}
+    torch.testing.assert_close(out["q_lr_x4"], out["reference"], rtol=0, atol=1e-6)
+    torch.testing.assert_close(out["q_init_x4"], out["unscaled"], rtol=0, atol=1e-6)
+    assert not torch.allclose(out["unscaled"], out["reference"], atol=1e-6)
+    ref, big = E.build_model("reference", 65, 3), E.build_model("q_init_x4", 65, 3)
+    q = ref.blocks[0].attn.n_heads * ref.blocks[0].attn.head_dim
+    for a, b in zip(ref.blocks, big.blocks):
+        assert torch.equal(4 * a.attn.c_attn.weight[:q], b.attn.c_attn.weight[:q])
+        assert torch.equal(a.attn.c_attn.weight[q:], b.attn.c_attn.weight[q:]), "keys and values untouched"
 
 
 def test_embed_scale_variant_differs_from_sinusoidal_by_the_switch_only(results):
