@@ -274,27 +274,27 @@ def _train_run(cfg: TrainConfig) -> dict:
     return {"config": cfg.to_dict(), "val_curve": curve, "best_val_loss": best, "wall_s": wall}
 
 
-def char_run_config(device, sizes, dry: bool, out_dir: Path) -> TrainConfig:
-    "nanoGPT's config/train_shakespeare_char.py as a TrainConfig (tiny on a dry run)."
+def run_config(device, sizes, dry: bool, out_dir: Path, **recipe) -> TrainConfig:
+    "A GPU run's TrainConfig: the `recipe` (model and optimizer fields) at the sizes of `sizes`."
     return TrainConfig(
         out_dir=str(out_dir),
-        model_overrides={**(DRY_MODEL if dry else SHAKESPEARE_CHAR), **NANOGPT_MODEL},
         batch_size=sizes["batch_size"],
         max_iters=sizes["max_iters"],
-        lr=1e-3,
-        warmup_iters=min(100, sizes["max_iters"] // 2),
-        beta2=0.99,
         eval_interval=sizes["eval_interval"],
         eval_iters=sizes["eval_iters"],
         device=device.type,
         compile=not dry,
         progress=False,
+        **recipe,
     )
 
 
 def bench_char_run(device, sizes, dry: bool, out_dir: Path) -> dict:
     "Chapter 8's GPU run: gptbook's trainer on nanoGPT's Shakespeare configuration; the whole validation curve."
-    res = _train_run(char_run_config(device, sizes, dry, out_dir))
+    model = {**(DRY_MODEL if dry else SHAKESPEARE_CHAR), **NANOGPT_MODEL}
+    warmup = min(100, sizes["max_iters"] // 2)
+    cfg = run_config(device, sizes, dry, out_dir, model_overrides=model, lr=1e-3, warmup_iters=warmup, beta2=0.99)
+    res = _train_run(cfg)
     return {**res, "nanogpt_published_val_loss": NANOGPT_PUBLISHED_VAL}
 
 
@@ -332,20 +332,16 @@ def bench_nanogpt_char(src: Path, device, sizes, dry: bool) -> dict:
 
 def bench_gpt2_char(device, sizes, dry: bool, out_dir: Path) -> dict:
     "GPT-2 small on characters for 5,000 steps: the brief's claim (validation loss about 1.5)."
-    cfg = TrainConfig(
-        out_dir=str(out_dir),
+    cfg = run_config(
+        device,
+        sizes,
+        dry,
+        out_dir,
         preset="baby" if dry else "gpt2-small",
         model_overrides=DRY_MODEL if dry else {"max_seq_len": 256, "dropout": 0.2},
-        batch_size=sizes["batch_size"],
-        max_iters=sizes["max_iters"],
         lr=6e-4,
         warmup_iters=min(200, sizes["max_iters"] // 2),
         beta2=0.95,
-        eval_interval=sizes["eval_interval"],
-        eval_iters=sizes["eval_iters"],
-        device=device.type,
-        compile=not dry,
-        progress=False,
     )
     return _train_run(cfg)
 
