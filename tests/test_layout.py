@@ -436,3 +436,19 @@ def test_no_exported_cell_is_longer_than_120_lines():
                 if n > 120:
                     long_cells.append(f"{nb.name} {cell['id']} ({n} lines)")
     assert not long_cells, long_cells
+
+
+HIDDEN = re.compile(r"^#\|\s*(hide|export|code-fold:\s*true|echo:\s*false)\s*$|^#\|\s*export \w", re.M)
+
+
+@pytest.mark.parametrize("nb_path", CHAPTERS, ids=lambda p: p.stem)
+def test_teaching_cells_fit_an_80_column_page(nb_path):
+    "Code a chapter shows open to teach (a def or class, not the exported package code) fits 80 columns."
+    wide = []
+    for cell in json.loads(nb_path.read_text())["cells"]:
+        src = "".join(cell["source"])
+        if cell["cell_type"] != "code" or HIDDEN.search(src) or re.search(r"^#\|\s*exports", src, re.M):
+            continue
+        if re.search(r"^(def|class) ", src, re.M):
+            wide += [f"{cell['id']}: {len(line)}" for line in src.splitlines() if len(line) > 80]
+    assert not wide, wide
