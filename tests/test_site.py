@@ -306,7 +306,8 @@ CONTENT = """async (machinePath) => {
   };
   return {
     folds: [...document.querySelectorAll('details.code-fold')].map(d => d.open),
-    otherDetails: document.querySelectorAll('main details:not(.code-fold)').length,
+    outputFolds: [...document.querySelectorAll('main details.output-fold')].map(d => d.open),
+    otherDetails: document.querySelectorAll('main details:not(.code-fold):not(.output-fold)').length,
     images: imgs.map(i => ({src: i.getAttribute('src'), loaded: i.complete && i.naturalWidth > 0,
                             output: !!i.closest('.cell-output-display'), opaque: opaque(i)})),
     widgets: [...document.querySelectorAll('.gbw[id]')].map(w => w.id),
@@ -511,11 +512,12 @@ def test_every_maths_span_typesets(visit, page):
 
 @pytest.mark.parametrize("page", PAGES)
 def test_code_folds_are_the_notebooks_and_closed(visit, page):
-    "A `#| code-fold: true` cell is folded and closed; no other block is folded."
+    "A `#| code-fold: true` cell is folded and closed, so is a long output drawn as `output-fold`; nothing else."
     content = visit(page)["content"]
     assert len(content["folds"]) == _expected(page)["folds"], f"{page}: folded blocks against code-fold cells"
     assert not any(content["folds"]), f"{page}: a folded cell is open"
-    assert content["otherDetails"] == 0, f"{page}: folded blocks that are not code-fold cells"
+    assert not any(content["outputFolds"]), f"{page}: a folded output is open"
+    assert content["otherDetails"] == 0, f"{page}: folded blocks that are neither code-fold cells nor folded outputs"
 
 
 @pytest.mark.parametrize("page", PAGES)
