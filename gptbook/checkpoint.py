@@ -140,11 +140,21 @@ def latest_checkpoint(path) -> Path:
         path = path / REPLACING
     every, complete = checkpoint_dirs(path), list_checkpoints(path)
     if not complete:
-        why = "does not exist" if not path.exists() else "holds no checkpoint (no complete ckpt_* folder)"
-        raise FileNotFoundError(f"{path} {why}; train a model with `gptbook train --out {path}`")
+        raise FileNotFoundError(_no_run(path))
     if skipped := [p.name for p in every if step_of(p) > step_of(complete[-1])]:
         print(f"note: {path}: skipped incomplete {', '.join(skipped)}; using {complete[-1].name}", file=sys.stderr)
     return complete[-1]
+
+
+def _no_run(path: Path) -> str:
+    "Why `path` is no gptbook run, and what to do: a nanoGPT checkpoint and a Hugging Face folder are named."
+    if (path.is_file() and path.suffix == ".pt") or (path / "ckpt.pt").is_file():
+        nano = path if path.is_file() else path / "ckpt.pt"
+        return f"{nano} is a nanoGPT checkpoint, not a gptbook run: use --nanogpt {nano} (from_nanogpt in Python)"
+    if (path / "config.json").is_file() and list(path.glob("*.safetensors*")):
+        return f"{path} is a Hugging Face model folder, not a gptbook run: use --hf {path} (GPT.from_hf in Python)"
+    why = "does not exist" if not path.exists() else "holds no checkpoint (no complete ckpt_* folder)"
+    return f"{path} {why}; train a model with `gptbook train --out {path}`"
 
 
 def _earlier(folder: Path) -> str:

@@ -153,6 +153,12 @@ class GPT(nn.Module):
         model.load_state_dict(state_dict)
         return model.to(dtype).eval()
 
+    def save_hf(self, folder, tokenizer=None, trained=None):
+        "Write a Hugging Face folder transformers loads: `gptbook.hf.save_hf(self, ...)` (appendix A3)."
+        import importlib  # gptbook.hf imports this module: looked up by name when called, as from_hf's reader is
+
+        return importlib.import_module("gptbook.hf").save_hf(self, folder, tokenizer, trained)
+
 # %% ../nbs/06_model.ipynb #bf0192dd
 def pick_device(device: str = "auto") -> torch.device:
     "`'auto'`: CUDA if present, else Apple's MPS, else the CPU; any other string goes to `torch.device`."

@@ -32,9 +32,9 @@ from .config import GPTConfig
 from .corpus import TINY_SHAKESPEARE_SHA256, tiny_shakespeare_path
 from .data import TokenData, load_token_data
 from .files import atomic_write, memory_bytes, read_json, remove_dir, sha256_of
-from .model import GPT, pick_device, pick_dtype
+from .hf import hf_folder, hf_pretrained
+from .model import pick_device, pick_dtype
 from .options import OptionError
-from .tokenizer import BPETokenizer
 
 # %% auto #0
 __all__ = ['TrainingDiverged', 'check_evaluation', 'LOCK', 'METRICS', 'CONFIG', 'STAGING', 'FIXED_BY_WEIGHTS', 'FIXED_ON_RESUME', 'NOT_SHAPE', 'RunLocked', 'run_lock', 'append_metrics', 'read_metrics', 'trim_metrics', 'save_run_config', 'load_run_config', 'start_run', 'commit_run', 'check_same_data', 'run_data', 'check_fits', 'last_good', 'interrupted', 'machine', 'header', 'summary', 'Pretrained', 'pretrained']
@@ -409,17 +409,17 @@ class Pretrained(NamedTuple):
 
 
 def pretrained(path, overrides: dict) -> Pretrained:
-    "The model and tokenizer of a gptbook run or checkpoint folder, or of a Hugging Face model folder."
-    folder = Path(path).expanduser().resolve()
+    "The model and tokenizer of a gptbook run or checkpoint folder, or of a Hugging Face model folder or hub name."
+    folder = hf_folder(str(Path(path).expanduser())).resolve()  # a hub name: its snapshot, looked up once
     if is_checkpoint_dir(folder) or list_checkpoints(folder):
         ck = load_checkpoint(folder)
         model, tokenizer = ck.model, ck.tokenizer
     elif (folder / "config.json").is_file():
-        model, tokenizer = GPT.from_hf(folder), BPETokenizer.from_hf(folder)
+        model, tokenizer = hf_pretrained(folder)
     else:
         raise FileNotFoundError(
             f"--init-from {path} is neither a gptbook run or checkpoint folder nor a Hugging "
-            "Face model folder (config.json and model.safetensors)"
+            "Face model folder (config.json and model.safetensors) or hub name"
         )
     if tokenizer is None:
         raise ValueError(f"--init-from {path} has no tokenizer, so its model cannot read new text")
