@@ -234,7 +234,7 @@ ALLOWED_IMPORTS = {
     "files": set(),
     "corpus": {"files"},  # Tiny Shakespeare found, checked and downloaded
     "tokenizer": {"files", "adapters"},
-    "adapters": set(),  # theirs (tiktoken, Hugging Face) wrapped in the few methods gptbook calls
+    "adapters": {"files"},  # theirs (tiktoken, Hugging Face) wrapped in the few methods gptbook calls; files: optional
     "positions": {"options"},
     "attention": {"positions"},
     "layers": {"options", "attention"},
@@ -243,10 +243,10 @@ ALLOWED_IMPORTS = {
     "weights": {"config", "positions"},  # reads nanoGPT and Hugging Face weights into our names; builds no model
     "data": {"adapters", "corpus", "tokenizer", "files"},
     "checkpoint": {"files", "config", "model", "tokenizer"},
-    "runs": {"checkpoint", "config", "corpus", "data", "files", "model", "options", "tokenizer"},
+    "runs": {"checkpoint", "config", "corpus", "data", "files", "hf", "model", "options", "tokenizer"},
     "train": {"checkpoint", "config", "data", "model", "options", "runs"},
     "sample": {"adapters", "options", "tokenizer"},  # duck-types the model: no model, no trainer
-    "hf": {"config", "files", "model", "positions", "weights"},
+    "hf": {"config", "files", "model", "positions", "tokenizer", "weights"},
     "cli": {"checkpoint", "config", "files", "hf", "model", "options", "sample", "tokenizer", "runs", "train"},
     "inspect": {"positions", "attention"},  # hooks on the model's own layers; the attention-only model reuses them
 }
