@@ -38,7 +38,7 @@ if cfg.get("pip_requirements"):
 min_python = cfg["min_python"]
 lic = licenses.get(cfg["license"].lower(), (cfg["license"], None))
 dev_requirements = (cfg.get("dev_requirements") or "").split()
-hf_requirements = (cfg.get("hf_requirements") or "").split()
+extras = {name: (cfg.get(f"{name}_requirements") or "").split() for name in ("hf", "tensorboard", "plot")}
 
 package_data = dict()
 pkg_data = cfg.get("package_data", None)
@@ -61,7 +61,7 @@ setuptools.setup(
     packages=setuptools.find_packages(include=[cfg["lib_name"], cfg["lib_name"] + ".*"]),
     include_package_data=False,  # package data: settings.ini's package_data (MANIFEST.in adds none inside gptbook/)
     install_requires=requirements,
-    extras_require={"dev": dev_requirements + hf_requirements, "hf": hf_requirements},
+    extras_require={"dev": dev_requirements + sum(extras.values(), []), **extras},
     dependency_links=cfg.get("dep_links", "").split(),
     python_requires=">=" + cfg["min_python"],
     long_description=open("README.md", encoding="utf-8").read(),
