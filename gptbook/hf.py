@@ -178,7 +178,8 @@ def _model_card(model: GPT, config: dict, tokenizer, trained: dict | None) -> st
     c, tc, how, eos = model.config, (trained or {}).get("train_config") or {}, "not recorded", config["eos_token_id"]
     if trained:
         data = Path(tc["data_path"]).name if tc.get("data_path") else "Tiny Shakespeare"
-        how = f"{trained['iter']:,} steps of the run `{Path(tc.get('out_dir', '?')).name}` on {data}"
+        on = f" on {data}" if tc.get("data_path") or trained.get("data_sha256") else ""  # not if given as tokens
+        how = f"{trained['iter']:,} steps of the run `{Path(tc.get('out_dir', '?')).name}`{on}"
         how += f", validation loss {trained['val_loss']:.4f}" if trained.get("val_loss") is not None else ""
     return (
         f"---\nlibrary_name: transformers\ntags: [gptbook]\n---\n\n# A gptbook model: {config['architectures'][0]}\n\n"

@@ -388,3 +388,28 @@ def test_a_kill_during_a_save_leaves_a_loadable_checkpoint(tmp_path, delay):
     assert all(torch.all(v == ck.iter) for v in ck.model.state_dict().values())
     for folder in list_checkpoints(tmp_path):  # every folder named ckpt_* with a state.json is complete
         assert all((folder / f).is_file() for f in json.loads((folder / "state.json").read_text())["sha256"])
+
+
+def test_another_tools_model_given_as_a_run_is_named_with_the_flag_that_reads_it(tmp_path, capsys):
+    "F12: a nanoGPT ckpt.pt (or its out_dir) and a Hugging Face folder are not 'train a model with gptbook train'."
+    from gptbook.cli import main
+    from gptbook.hf import save_hf
+
+    (tmp_path / "nano").mkdir()
+    (tmp_path / "nano" / "ckpt.pt").write_bytes(b"not read")
+    hf = save_hf(tiny_gpt(), tmp_path / "hf")
+    for given, says in [
+        (
+            tmp_path / "nano",
+            f"{tmp_path / 'nano' / 'ckpt.pt'} is a nanoGPT checkpoint, not a gptbook run: use --nanogpt",
+        ),
+        (tmp_path / "nano" / "ckpt.pt", "is a nanoGPT checkpoint, not a gptbook run: use --nanogpt"),
+        (hf, f"{hf} is a Hugging Face model folder, not a gptbook run: use --hf {hf}"),
+    ]:
+        with pytest.raises(FileNotFoundError) as e:
+            load_checkpoint(given)
+        assert says in str(e.value) and "gptbook train" not in str(e.value)
+        assert main(["sample", str(given)]) == 1 and says in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="holds no checkpoint .*; train a model with `gptbook train --out"):
+        load_checkpoint(tmp_path / "empty")

@@ -23,7 +23,7 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 
 import gptbook.config  # noqa: E402
 from gptbook.data import load_token_data  # noqa: E402
-from gptbook.hf import from_nanogpt, load_hf, nanogpt_key, save_hf  # noqa: E402
+from gptbook.hf import from_nanogpt, hf_pretrained, load_hf, nanogpt_key, save_hf  # noqa: E402
 from gptbook.weights import clean_state_dict, config_from_hf, hf_folder, load_nanogpt  # noqa: E402
 from gptbook.model import GPT, GPTConfig  # noqa: E402
 from gptbook.tokenizer import GPT2_PATTERN, BPETokenizer, CharTokenizer  # noqa: E402
@@ -364,7 +364,8 @@ def test_save_hf_logits_match(tmp_path, style):
     overrides, arch = SAVE_STYLES[style]
     model = randomized(small_config(**overrides))
     folder = save_hf(torch.compile(model), tmp_path / "hf")  # a compiled model saves the model it wraps
-    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors"]
+    saved = ["README.md", "config.json", "generation_config.json", "model.safetensors"]
+    assert sorted(p.name for p in folder.iterdir()) == saved
     assert_transformers_agree(model, folder, arch)
 
 
@@ -582,6 +583,175 @@ def test_hub_name_offline_with_empty_cache(tmp_path):
     assert "\n" not in message and "'openai-community/gpt2' is not a folder here" in message
     assert "HF_HUB_OFFLINE" in message and "pass a local folder" in message
     assert not list((tmp_path / "hf_home").rglob("*.safetensors"))
+
+
+# --- a clean export: bos/eos, generation_config.json, modes, model card; GPT.save_hf -------------------------------
+
+
+@pytest.mark.parametrize("eot", [False, True], ids=["no-eot", "eot"])
+def test_save_hf_folders_load_without_warnings(tmp_path, caplog, eot):
+    "bos/eos are <|endoftext|>'s id or null (never transformers' default, GPT-2's 50256): no warning on load."
+    specials = ["<|endoftext|>"] if eot else []
+    tok = BPETokenizer.train("To be, or not to be, that is the question. " * 20, 270, GPT2_PATTERN, specials)
+    model = randomized(small_config(tok.vocab_size))
+    folder = save_hf(model, tmp_path / "hf", tokenizer=tok)
+    transformers.logging.set_verbosity_warning()
+    transformers.logging.enable_propagation()
+    try:
+        with caplog.at_level("WARNING"):
+            AutoModelForCausalLM.from_pretrained(folder)
+            generation = transformers.GenerationConfig.from_pretrained(folder)
+    finally:
+        transformers.logging.disable_propagation()
+        transformers.logging.set_verbosity_error()
+    assert not [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    eos = tok.special_tokens["<|endoftext|>"] if eot else None
+    assert generation.eos_token_id == generation.bos_token_id == eos
+    config = json.loads((folder / "config.json").read_text())
+    assert config["bos_token_id"] == config["eos_token_id"] == eos
+
+
+def test_save_hf_files_follow_the_umask(tmp_path):
+    "safetensors writes its files 0600; the folder's files get what `open` gives under the umask."
+    mask = os.umask(0o022)
+    try:
+        tok = BPETokenizer.train("abcabd" * 30, 258)
+        folder = save_hf(randomized(small_config(tok.vocab_size)), tmp_path / "hf", tok)
+    finally:
+        os.umask(mask)
+    modes = {p.name: oct(p.stat().st_mode & 0o777) for p in folder.iterdir()}
+    assert set(modes.values()) == {"0o644"} and "model.safetensors" in modes, modes
+
+
+def test_model_card_says_how_the_model_was_trained(tmp_path, chars):
+    from gptbook.checkpoint import load_checkpoint
+
+    cfg = TrainConfig(
+        out_dir=str(tmp_path / "run7"), max_iters=2, batch_size=2, eval_interval=2, eval_iters=1, warmup_iters=1,
+        progress=False,
+    )  # fmt: skip
+    train(cfg, small_config(chars.vocab_size), data=chars)
+    ck = load_checkpoint(tmp_path / "run7")
+    card = (save_hf(ck.model, tmp_path / "hf", None, ck.state) / "README.md").read_text()
+    assert "GPT2LMHeadModel" in card and f"{ck.model.num_params() / 1e6:.2f}M parameters" in card
+    assert f"2 steps of the run `run7`, validation loss {ck.state['val_loss']:.4f}" in card
+    assert "tokenizer: none saved; no <|endoftext|>, so bos/eos are null" in card and str(tmp_path) not in card
+    plain = (save_hf(ck.model, tmp_path / "hf2") / "README.md").read_text()
+    assert "training: not recorded" in plain
+
+
+def test_gpt_save_hf_is_save_hf(tmp_path):
+    "HF users' muscle memory: model.save_hf(folder) and GPT.from_hf(folder), the same files as save_hf's."
+    model = randomized(small_config())
+    a, b = save_hf(model, tmp_path / "a"), model.save_hf(tmp_path / "b")
+    assert b == tmp_path / "b"
+    for f in a.iterdir():
+        assert f.read_bytes() == (b / f.name).read_bytes(), f.name
+    assert torch.equal(GPT.from_hf(b).wte.weight, model.wte.weight)
+
+
+@pytest.mark.parametrize("module,convert", [("tiktoken", "to_tiktoken"), ("tokenizers", "to_hf")])
+def test_a_missing_optional_package_is_one_line_naming_the_extra(monkeypatch, tmp_path, module, convert):
+    tok = BPETokenizer.train("abcabd" * 30, 258)
+    monkeypatch.setitem(sys.modules, module, None)  # as if it were not installed
+    with pytest.raises(ImportError, match=rf'needs {module}: pip install "gptbook\[hf\]"$') as e:
+        getattr(tok, convert)()
+    assert "\n" not in str(e.value)
+    if module == "tokenizers":  # save_hf with a tokenizer converts it, and writes nothing
+        with pytest.raises(ImportError, match=r'pip install "gptbook\[hf\]"'):
+            save_hf(randomized(small_config(tok.vocab_size)), tmp_path / "hf", tok)
+        assert not (tmp_path / "hf").exists()
+
+
+def test_hf_pretrained_looks_a_name_up_once(tmp_path, monkeypatch):
+    "Model and tokenizer from one snapshot: one hub lookup; a tokenizer given instead is used as it is."
+    import huggingface_hub
+
+    text = "naïve café, it's 日本 🙂 " * 30
+    tok = BPETokenizer.train(text, 300, GPT2_PATTERN)
+    model = randomized(small_config(tok.vocab_size))
+    save_hf(model, tmp_path / "snap", tok)
+    calls = []
+    monkeypatch.setattr(
+        huggingface_hub,
+        "snapshot_download",
+        lambda repo_id, allow_patterns: calls.append(repo_id) or str(tmp_path / "snap"),
+    )
+    ours, ours_tok = hf_pretrained("someone/tiny", dtype=torch.bfloat16)
+    assert calls == ["someone/tiny"] and ours.wte.weight.dtype == torch.bfloat16
+    assert ours_tok.encode(text) == tok.encode(text)
+    torch.testing.assert_close(
+        ours.float()(torch.tensor([tok.encode(text)[:16]])),
+        model(torch.tensor([tok.encode(text)[:16]])),
+        rtol=0,
+        atol=0.1,
+    )
+    other = CharTokenizer.train("abc")
+    assert hf_pretrained(tmp_path / "snap", tokenizer=other)[1] is other and len(calls) == 1
+
+
+# --- GPT-2 by hub name, end to end, from a fake hub cache (HF_HOME, HF_HUB_OFFLINE=1: no network) ------------------
+
+SNAPSHOT = "0123456789abcdef0123456789abcdef01234567"
+
+
+@pytest.fixture(scope="module")
+def fake_hub(tmp_path_factory, shakespeare_path):
+    "An HF_HOME whose cache holds `gpt2` as huggingface_hub lays it out: a tiny random GPT-2 and a tokenizer.json."
+    home = tmp_path_factory.mktemp("hf_home")
+    repo = home / "hub" / "models--gpt2"
+    snap = repo / "snapshots" / SNAPSHOT
+    torch.manual_seed(0)
+    save(GPT2LMHeadModel(GPT2Config(vocab_size=300, n_positions=64, n_embd=32, n_layer=2, n_head=2)), snap)
+    text = shakespeare_path.read_text(encoding="utf-8")[:20_000]
+    BPETokenizer.train(text, 290, GPT2_PATTERN).to_hf().save(str(snap / "tokenizer.json"))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(SNAPSHOT)
+    (home / "data.txt").write_text(text, encoding="utf-8")
+    return home
+
+
+def run_offline(home: Path, script: str, cwd: Path) -> str:
+    env = os.environ | {"HF_HOME": str(home), "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], env=env, cwd=cwd, capture_output=True,
+                       text=True, timeout=300)  # fmt: skip
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    return r.stdout
+
+
+def test_gpt2_by_name_end_to_end(fake_hub, tmp_path):
+    "GPT.from_hf('gpt2'), hf_pretrained('gpt2') and `gptbook train --init-from gpt2` read one snapshot of the cache."
+    script = f"""
+        import json
+        import torch
+        from gptbook.checkpoint import load_checkpoint
+        from gptbook.cli import main
+        from gptbook.hf import hf_pretrained
+        from gptbook.model import GPT
+        from gptbook.tokenizer import BPETokenizer
+
+        snap = {str(fake_hub / "hub" / "models--gpt2" / "snapshots" / SNAPSHOT)!r}
+        model, tok = hf_pretrained("gpt2")
+        assert torch.equal(model.wte.weight, GPT.from_hf("gpt2").wte.weight)
+        assert tok.encode("ROMEO: thou") == BPETokenizer.from_hf(snap).encode("ROMEO: thou")
+        argv = ["train", "--init-from", "gpt2", "--out", "ft", "--data", {str(fake_hub / "data.txt")!r}]
+        argv += ["--max-iters", "2", "--eval-interval", "2", "--eval-iters", "1", "--sample-tokens", "0"]
+        assert main(argv + ["--no-progress", "--batch-size", "2"]) == 0
+        ck = load_checkpoint("ft")
+        assert ck.iter == 2 and ck.tokenizer.encode("ROMEO: thou") == tok.encode("ROMEO: thou")
+        assert ck.model.config == model.config
+        print(json.load(open("ft/config.json"))["train_config"]["init_from"])
+    """
+    assert run_offline(fake_hub, script, tmp_path).strip().endswith(SNAPSHOT)
+
+
+@pytest.mark.xfail(strict=True, reason="cli.py's _model_to_sample still reads the tokenizer from the name: F2")
+def test_gptbook_sample_hf_by_name(fake_hub, tmp_path):
+    script = """
+        from gptbook.cli import main
+        assert main(["sample", "--hf", "gpt2", "--prompt", "ROMEO:", "--max-new-tokens", "5", "--seed", "0"]) == 0
+    """
+    assert run_offline(fake_hub, script, tmp_path).startswith("ROMEO:")
 
 
 # --- nanoGPT checkpoints -------------------------------------------------------------------------------------------

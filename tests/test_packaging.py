@@ -1,5 +1,6 @@
 """The wheel installs and imports with its runtime requirements only (no nbdev, no fastcore)."""
 
+import re
 import subprocess
 import sys
 import venv
@@ -59,3 +60,31 @@ def _version():
     cp = configparser.ConfigParser(delimiters=["="])
     cp.read(ROOT / "settings.ini")
     return cp["DEFAULT"]["version"]
+
+
+def _extras(tmp_path) -> dict:
+    "The extras setup.py declares, read back from the metadata it writes: {extra: {package names}}."
+    r = _run([sys.executable, "setup.py", "-q", "egg_info", "--egg-base", str(tmp_path)], cwd=ROOT)
+    extras, name = {}, None
+    for line in (tmp_path / "gptbook.egg-info" / "requires.txt").read_text().splitlines():
+        if line.startswith("["):
+            name = line.strip("[]")
+            extras[name] = set()
+        elif line.strip() and name:
+            extras[name].add(re.split(r"[<>=!~ ;]", line.strip())[0])
+    return extras
+
+
+def test_each_extra_brings_what_its_functions_import(tmp_path):
+    "F5: every `optional(module, extra, ...)` in the package names an extra that installs `module`; [dev] has all."
+    extras = _extras(tmp_path)
+    calls = set()
+    for path in (ROOT / "gptbook").rglob("*.py"):
+        calls |= set(re.findall(r'optional\(\s*"([\w.]+)",\s*"(\w+)"', path.read_text()))
+    assert {("tiktoken", "hf"), ("tokenizers", "hf")} <= calls, calls
+    for module, extra in calls:
+        assert module.split(".")[0] in extras[extra], (module, extra, extras)
+    assert "huggingface_hub" in extras["hf"]  # gptbook.weights' hub lookup (its own message names [hf])
+    assert extras["tensorboard"] == {"tensorboard"} and "matplotlib" in extras["plot"]
+    assert set().union(*(extras[e] for e in ("hf", "tensorboard", "plot"))) <= extras["dev"]
+    assert "transformers" in extras["dev"] and "transformers" not in extras["hf"]  # a test reference only

@@ -716,3 +716,32 @@ def test_two_commands_racing_for_a_new_folder_train_one_run(tmp_path):
         assert all("another gptbook train is using" in e or "holds a run" in e for e in refused), refused
         assert [r["iter"] for r in read_metrics(out)] == [0, 2, 4, 6]
         _which_run(out, (1, 2, 3))
+
+
+def test_init_from_a_hub_name_reads_model_and_tokenizer_from_one_snapshot(tmp_path, monkeypatch):
+    "F4: --init-from gpt2 looks the name up once, and the weights and the tokenizer come from that snapshot."
+    huggingface_hub = pytest.importorskip("huggingface_hub")
+    from gptbook.hf import save_hf
+    from gptbook.model import GPT, GPTConfig
+    from gptbook.tokenizer import GPT2_PATTERN, BPETokenizer
+
+    text = "To be, or not to be, that is the question: whether 'tis nobler in the mind. " * 20
+    tok = BPETokenizer.train(text, 280, GPT2_PATTERN)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.baby(tok.vocab_size, n_layers=1, n_heads=2, d_model=32, max_seq_len=16))
+    save_hf(model, tmp_path / "snapshot", tok)
+    lookups = []
+
+    def fake_snapshot_download(repo_id, allow_patterns):
+        lookups.append(repo_id)
+        return str(tmp_path / "snapshot")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
+    monkeypatch.chdir(tmp_path)  # no folder named gpt2 here
+    init = R.pretrained("gpt2", {"dropout": 0.1})
+    assert lookups == ["gpt2"] and init.path == (tmp_path / "snapshot").resolve()
+    assert init.config == model.config.replace(dropout=0.1)
+    assert torch.equal(init.weights["wte.weight"], model.wte.weight)
+    assert init.tokenizer.encode(text) == tok.encode(text)
+    with pytest.raises(ValueError, match="its n_layers is 1, not 2; drop --n-layers"):
+        R.pretrained("gpt2", {"n_layers": 2})
