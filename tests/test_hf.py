@@ -479,7 +479,8 @@ def test_save_hf_refuses_a_folder_holding_other_files_and_removes_nothing(tmp_pa
     assert (save_hf(model, tmp_path / "empty") / "model.safetensors").is_file()  # an empty folder is fine
     save(tiny_gpt2(), tmp_path / "theirs")  # transformers' own files, generation_config.json among them
     save_hf(model, tmp_path / "theirs")  # an earlier save is replaced whole
-    assert sorted(p.name for p in (tmp_path / "theirs").iterdir()) == ["config.json", "model.safetensors"]
+    saved = ["README.md", "config.json", "generation_config.json", "model.safetensors"]
+    assert sorted(p.name for p in (tmp_path / "theirs").iterdir()) == saved
 
 
 def test_save_hf_refuses_nan_weights_and_what_is_not_a_gpt(tmp_path):
