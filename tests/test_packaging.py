@@ -64,7 +64,7 @@ def _version():
 
 def _extras(tmp_path) -> dict:
     "The extras setup.py declares, read back from the metadata it writes: {extra: {package names}}."
-    r = _run([sys.executable, "setup.py", "-q", "egg_info", "--egg-base", str(tmp_path)], cwd=ROOT)
+    _run([sys.executable, "setup.py", "-q", "egg_info", "--egg-base", str(tmp_path)], cwd=ROOT)
     extras, name = {}, None
     for line in (tmp_path / "gptbook.egg-info" / "requires.txt").read_text().splitlines():
         if line.startswith("["):
