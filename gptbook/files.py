@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib
 import json
 import os
 import shutil
@@ -16,7 +15,7 @@ import time
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['MAX_TEXT_BYTES', 'fsync_dir', 'atomic_write', 'remove_dir', 'atomic_dir', 'sha256_of', 'read_text', 'read_json', 'read_format', 'built_from', 'memory_bytes', 'optional']
+__all__ = ['MAX_TEXT_BYTES', 'fsync_dir', 'atomic_write', 'remove_dir', 'atomic_dir', 'sha256_of', 'read_text', 'read_json', 'read_format', 'built_from', 'memory_bytes']
 
 # %% ../nbs/A2_checkpoints.ipynb #e4747d22
 def fsync_dir(path) -> None:
@@ -175,11 +174,3 @@ def memory_bytes() -> int | None:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (AttributeError, ValueError, OSError):
         return None
-
-# %% ../nbs/A3_interop.ipynb #cb9a94e2
-def optional(module: str, extra: str, what: str):
-    "The optional package `module`, imported; missing, it is one ImportError line naming the extra to install."
-    try:
-        return importlib.import_module(module)
-    except ModuleNotFoundError:
-        raise ImportError(f'{what} needs {module}: pip install "gptbook[{extra}]"') from None

@@ -234,7 +234,7 @@ ALLOWED_IMPORTS = {
     "files": set(),
     "corpus": {"files"},  # Tiny Shakespeare found, checked and downloaded
     "tokenizer": {"files", "adapters"},
-    "adapters": {"files"},  # theirs (tiktoken, Hugging Face) wrapped in the few methods gptbook calls; files: optional
+    "adapters": set(),  # theirs (tiktoken, Hugging Face) wrapped in the few methods gptbook calls
     "positions": {"options"},
     "attention": {"positions"},
     "layers": {"options", "attention"},
