@@ -155,9 +155,9 @@ class GPT(nn.Module):
 
     def save_hf(self, folder, tokenizer=None, trained=None):
         "Write a Hugging Face folder transformers loads: `gptbook.hf.save_hf(self, ...)` (appendix A3)."
-        import importlib  # gptbook.hf imports this module: looked up by name when called, as from_hf's reader is
+        from .hf import save_hf  # hf imports this module: imported when called (test_layout's one back edge)
 
-        return importlib.import_module("gptbook.hf").save_hf(self, folder, tokenizer, trained)
+        return save_hf(self, folder, tokenizer, trained)
 
 # %% ../nbs/06_model.ipynb #bf0192dd
 def pick_device(device: str = "auto") -> torch.device:
