@@ -107,7 +107,7 @@ class TokenData:
 # %% ../nbs/07_data.ipynb #37b525b9
 #| code-fold: true
 def _bpe_ids(text: str, vocab_size: int, cache: bool):
-    "A BPE of `vocab_size` ids (GPT-2's pattern) trained on `text`, and the text's ids: cached, and checked when reused."
+    "A BPE of `vocab_size` ids (GPT-2's pattern) trained on `text`, and the text's ids: cached, checked when reused."
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
     stem = cache_dir() / "tokens" / f"bpe{vocab_size}-gpt2-{digest}"  # the pattern is part of the name
     if cache:
