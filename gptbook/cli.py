@@ -469,9 +469,9 @@ def main(argv=None) -> int:
 
 
 def _blamed(args, e: OptionError) -> str:
-    "The flags of the fields `e` names that the user gave (`--n-heads 3`), then that of the field it blames."
-    named = [f for f in args.flags if re.search(rf"\b{f}=", str(e)) and getattr(args, f, None) is not None]
-    return ", ".join(args.flags[f] for f in dict.fromkeys(sorted(named, key=lambda f: f != e.field) + [e.field]))
+    "The flag of the field `e` blames; if the user did not give it, after those of the fields `e` names that they did."
+    given = [f for f in args.flags if getattr(args, f, None) is not None and re.search(rf"\b{f}=", str(e))]
+    return ", ".join(args.flags[f] for f in ([] if e.field in given else given) + [e.field])  # --n-heads, --d-model
 
 
 def _preset_in(argv: list[str]) -> str | None:

@@ -16,7 +16,6 @@ import torch
 from .adapters import as_tokenizer
 from .corpus import cache_dir, tiny_shakespeare
 from .files import atomic_write, read_text
-from .options import OptionError
 from .tokenizer import GPT2_PATTERN, BPETokenizer, CharTokenizer, load_tokenizer
 
 # %% auto #0
@@ -135,8 +134,7 @@ def _tokenize(tokenizer, train_text, val_text, vocab_size: int, cache: bool):
         tok = CharTokenizer.train(train_text + val_text)
     elif isinstance(tokenizer, (str, Path)):  # a file of `save` (`gptbook tokenizer train` writes one)
         if not Path(tokenizer).expanduser().is_file():
-            why = "is neither 'char', 'bpe' nor a tokenizer file"
-            raise OptionError("tokenizer", f"tokenizer={str(tokenizer)!r} {why}")
+            raise ValueError(f"tokenizer={str(tokenizer)!r} is neither 'char', 'bpe' nor a tokenizer file")
         tok = load_tokenizer(Path(tokenizer).expanduser())
     else:  # ours, a tiktoken.Encoding or a Hugging Face tokenizer
         tok = as_tokenizer(tokenizer)
