@@ -780,8 +780,9 @@ def test_ctrl_c_names_the_checkpoint_and_the_resume_command(capsys, tmp_path, mo
         (["--verison"], "gptbook: error: unrecognized arguments: --verison; did you mean --version?"),
     ],
 )
-def test_no_prefixes_and_unknown_flags_are_the_subcommands_error(capsys, argv, said):
+def test_no_prefixes_and_unknown_flags_are_the_subcommands_error(capsys, tmp_path, monkeypatch, argv, said):
     "F10: a prefix is not a flag, and an unknown flag is named by the command given it, with its help and a guess."
+    monkeypatch.chdir(tmp_path)  # where a prefix taken for its flag would train
     status, out, err = call(capsys, *argv)
     prog = said.partition(": error")[0]
     assert status == 2 and out == "" and err.strip() == f"{said} (see `{prog} --help`)"
