@@ -383,11 +383,8 @@ def _add_tokenizer_args(p: argparse.ArgumentParser) -> dict:
 
 
 def _tokenizer_train(args) -> int:
-    bpe_only = [f for f, v in [("--vocab-size", args.vocab_size), ("--special", args.special)] if v is not None]
-    if args.char and bpe_only + ["--no-pattern"] * (not args.pattern):
-        raise ValueError(f"--char makes a character tokenizer, which has no {', '.join(bpe_only) or '--no-pattern'}")
-    if not args.char and args.vocab_size is None:
-        raise ValueError("give --vocab-size N for a BPE of N ids, or --char for one id per character")
+    if args.char == (args.vocab_size is not None) or (args.char and (args.special or not args.pattern)):
+        raise ValueError("give --vocab-size N for a BPE, or --char alone for one id per character")
     if not args.char and args.vocab_size < 256:
         raise ValueError(f"--vocab-size must be at least 256 (the bytes), got {args.vocab_size}")
     text = read_text(args.file)
