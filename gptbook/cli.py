@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import math
 import os
+import re
 import sys
 import time
 import typing
@@ -25,7 +27,8 @@ from .hf import from_nanogpt
 from .model import GPT, pick_device, text_nats
 from .options import OptionError, choices_of, field_types, split_optional
 from .sample import SamplingConfig, generate, stream
-from .tokenizer import GPT2_PATTERN, BPETokenizer, load_tokenizer
+from .tokenizer import GPT2_PATTERN, BPETokenizer, CharTokenizer, load_tokenizer
+from .weights import hf_folder
 
 # %% auto #0
 __all__ = ['UNSET', 'SAMPLE_DEFAULTS', 'add_options', 'given', 'config_from_args', 'sampling_config_from_args', 'build_parser',
@@ -33,7 +36,19 @@ __all__ = ['UNSET', 'SAMPLE_DEFAULTS', 'add_options', 'given', 'config_from_args
 
 # %% ../nbs/A4_cli.ipynb #04caae1e
 class _Parser(argparse.ArgumentParser):
-    "An ArgumentParser whose errors are one line (the message and where to find help), exit status 2."
+    "An ArgumentParser whose errors are one line (the message and where to find help), exit status 2; no prefixes."
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **{"allow_abbrev": False, **kwargs})
+
+    def parse_known_args(self, args=None, namespace=None):
+        "An unknown argument is this (sub)command's error, with the flag it may mean: `--max-itrs` -> `--max-iters`."
+        parsed, extra = super().parse_known_args(args, namespace)
+        if extra:
+            flags = [s for action in self._actions for s in action.option_strings]
+            near = difflib.get_close_matches(extra[0].partition("=")[0], flags, n=1) if extra[0][:1] == "-" else []
+            self.error(f"unrecognized arguments: {' '.join(extra)}" + "".join(f"; did you mean {f}?" for f in near))
+        return parsed, extra
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
@@ -100,9 +115,10 @@ def _argument(f: dataclasses.Field, hint, default) -> tuple[list[str], dict]:
         kw.update(action=argparse.BooleanOptionalAction)
     elif origin in (tuple, list):
         item = (typing.get_args(base) or (str,))[0]
-        kw.update(nargs="*", type=_parse_as(item, False), metavar=_METAVARS[item])
+        kw.update(action="append", type=_parse_as(item, False), metavar=_METAVARS[item])  # --stop a --stop b
     else:
-        kw.update(type=_parse_as(base, optional), metavar=f.metadata.get("metavar") or _METAVARS[base])
+        shown = f.name.upper() if base is str else _METAVARS[base]  # a string is named by its field: --device DEVICE
+        kw.update(type=_parse_as(base, optional), metavar=f.metadata.get("metavar") or shown)
     return [flag], kw
 
 # %% ../nbs/A4_cli.ipynb #9ed5e968
@@ -215,9 +231,8 @@ def _train(args) -> int:
 SAMPLE_DEFAULTS = {"temperature": 0.8, "top_p": 0.9}
 
 
-def _add_sample_args(p: argparse.ArgumentParser) -> dict[str, str]:
-    "All flags of `gptbook sample`; returns {field: flag} for the SamplingConfig fields."
-    run = p.add_argument_group("what to sample (a run folder, --hf or --nanogpt)")
+def _add_model_args(run) -> None:
+    "The flags that name a model, shared by `gptbook sample` and `gptbook eval` (see _model_to_sample)."
     run.add_argument("run", nargs="?", metavar="RUN", help="a run folder or a checkpoint folder (same as --out)")
     run.add_argument(
         "--out", metavar="DIR", help="a run folder (its latest checkpoint) or a checkpoint folder (default: out)"
@@ -227,6 +242,15 @@ def _add_sample_args(p: argparse.ArgumentParser) -> dict[str, str]:
     run.add_argument(
         "--tokenizer", metavar="PATH", help="a gptbook tokenizer file (default: the model's own tokenizer)"
     )
+    run.add_argument(
+        "--device", default="auto", metavar="DEVICE", help="auto, cpu, cuda, cuda:N or mps (default: auto)"
+    )
+
+
+def _add_sample_args(p: argparse.ArgumentParser) -> dict[str, str]:
+    "All flags of `gptbook sample`; returns {field: flag} for the SamplingConfig fields."
+    run = p.add_argument_group("what to sample (a run folder, --hf or --nanogpt)")
+    _add_model_args(run)
     run.add_argument("--prompt", default="\n", metavar="TEXT", help="text to continue (default: a newline)")
     run.add_argument("--seed", type=int, default=None, metavar="N", help="random seed for reproducible samples")
     run.add_argument("--num-samples", type=int, default=1, metavar="N", help="how many samples (default: 1)")
@@ -234,9 +258,6 @@ def _add_sample_args(p: argparse.ArgumentParser) -> dict[str, str]:
         "--stream",
         action=argparse.BooleanOptionalAction,
         help="print text as it is generated (default: on when the output is a terminal)",
-    )
-    run.add_argument(
-        "--device", default="auto", metavar="DEVICE", help="auto, cpu, cuda, cuda:N or mps (default: auto)"
     )
     return add_options(p, SamplingConfig, "sampling (SamplingConfig)", defaults=SAMPLE_DEFAULTS)
 
@@ -262,13 +283,15 @@ def _model_to_sample(args):
         raise ValueError(f"give one model to sample from, not {' and '.join(sources)}")
     if args.nanogpt and not args.tokenizer:
         raise ValueError(
-            "a nanoGPT checkpoint has no gptbook tokenizer (its meta.pkl is a pickle, which gptbook "
-            "does not load): give one with --tokenizer PATH (`gptbook tokenizer train` makes one)"
+            "a nanoGPT checkpoint has no gptbook tokenizer (its meta.pkl is a pickle, which gptbook does not load): "
+            "give one with --tokenizer PATH, made from the text the model trained on by `gptbook tokenizer train "
+            "input.txt --out tok.json` with --char for a character model (shakespeare_char), --vocab-size N for a BPE"
         )
     given = load_tokenizer(args.tokenizer) if args.tokenizer else None
     if args.hf or args.nanogpt:
-        model = GPT.from_hf(args.hf) if args.hf else from_nanogpt(args.nanogpt)
-        tokenizer = given or BPETokenizer.from_hf(args.hf)
+        folder = args.hf and hf_folder(args.hf)  # a hub name: its snapshot, for the model and the tokenizer alike
+        model = GPT.from_hf(folder) if args.hf else from_nanogpt(args.nanogpt)
+        tokenizer = given or BPETokenizer.from_hf(folder)
     else:
         ck = load_checkpoint(_run_folder(args))
         model, tokenizer = ck.model, given or ck.tokenizer
@@ -318,23 +341,21 @@ def _sample(args) -> int:
 # %% ../nbs/A4_cli.ipynb #a4evc01
 def _add_eval_args(p: argparse.ArgumentParser) -> dict:
     "All flags of `gptbook eval`."
-    p.add_argument("run", nargs="?", metavar="RUN", help="a run folder or a checkpoint folder (same as --out)")
-    p.add_argument("--out", metavar="DIR", help="a run folder or a checkpoint folder (default: out)")
+    _add_model_args(p)
     p.add_argument("--data", required=True, metavar="PATH", help="a UTF-8 text file to score (all of it)")
     p.add_argument("--batch-size", type=int, default=16, metavar="N", help="windows per forward pass (default: 16)")
-    p.add_argument("--device", default="auto", metavar="DEVICE", help="auto, cpu, cuda, cuda:N or mps (default: auto)")
     return {}
 
 
 def _eval(args) -> int:
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be at least 1, got {args.batch_size}")
-    ck = load_checkpoint(_run_folder(args), args.device)
+    model, tokenizer = _model_to_sample(args)
     text = read_text(args.data)
-    ids = torch.tensor(ck.tokenizer.encode(text), dtype=torch.long, device=ck.model.lm_head.weight.device)
+    ids = torch.tensor(tokenizer.encode(text), dtype=torch.long, device=next(model.parameters()).device)
     if len(ids) < 2:
         raise ValueError(f"{args.data} has {len(ids)} token(s): a score needs at least 2")
-    t0, nats = time.perf_counter(), text_nats(ck.model, ids, args.batch_size)
+    t0, nats = time.perf_counter(), text_nats(model, ids, args.batch_size)
     if not math.isfinite(nats):
         raise ValueError(f"the model's loss on {args.data} is {nats}: its weights give no usable probabilities")
     loss = nats / (len(ids) - 1)
@@ -348,28 +369,32 @@ def _eval(args) -> int:
 def _add_tokenizer_args(p: argparse.ArgumentParser) -> dict:
     "The flags of `gptbook tokenizer train`."
     p.add_argument("file", metavar="FILE", help="a UTF-8 text file to learn the merges from")
-    p.add_argument("--vocab-size", type=int, required=True, metavar="N", help="ids: the 256 bytes and N - 256 merges")
     p.add_argument("--out", required=True, metavar="PATH", help="where to write the tokenizer (JSON)")
+    p.add_argument("--vocab-size", type=int, metavar="N", help="a BPE of N ids: the 256 bytes, merges, special tokens")
     p.add_argument(
         "--pattern",
         action=argparse.BooleanOptionalAction,
         default=True,
         help="split the text with GPT-2's pattern before merging (default: on)",
     )
+    p.add_argument("--special", action="append", metavar="TEXT", help="a special token, e.g. '<|endoftext|>' (repeat)")
+    p.add_argument("--char", action="store_true", help="one id per character of FILE instead (nanoGPT's *_char)")
     return {}
 
 
 def _tokenizer_train(args) -> int:
-    if args.vocab_size < 256:
+    if args.char == (args.vocab_size is not None) or (args.char and (args.special or not args.pattern)):
+        raise ValueError("give --vocab-size N for a BPE, or --char alone for one id per character")
+    if not args.char and args.vocab_size < 256:
         raise ValueError(f"--vocab-size must be at least 256 (the bytes), got {args.vocab_size}")
     text = read_text(args.file)
     if not text:
         raise ValueError(f"{args.file} is empty: there is no text to learn merges from")
-    t0 = time.perf_counter()
-    tok = BPETokenizer.train(text, args.vocab_size, pattern=GPT2_PATTERN if args.pattern else None)
+    t0, pattern = time.perf_counter(), GPT2_PATTERN if args.pattern else None
+    tok = CharTokenizer.train(text) if args.char else BPETokenizer.train(text, args.vocab_size, pattern, args.special)
     tok.save(args.out)
     print(
-        f"trained a BPE tokenizer of {tok.vocab_size:,} ids on {args.file} ({len(text):,} characters) "
+        f"trained a {type(tok).__name__} of {tok.vocab_size:,} ids on {args.file} ({len(text):,} characters) "
         f"in {time.perf_counter() - t0:.1f} s: {args.out}"
     )
     return 0
@@ -429,7 +454,7 @@ def main(argv=None) -> int:
     except (ValueError, TypeError, OSError, ImportError, MemoryError, FloatingPointError) as e:
         if os.environ.get("GPTBOOK_DEBUG"):
             raise
-        message = f"{args.flags[e.field]}: {e}" if isinstance(e, OptionError) and e.field in args.flags else str(e)
+        message = f"{_blamed(args, e)}: {e}" if isinstance(e, OptionError) and e.field in args.flags else str(e)
         print(f"gptbook {args.command}: error: {message or type(e).__name__}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
@@ -438,6 +463,12 @@ def main(argv=None) -> int:
     finally:
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
+
+
+def _blamed(args, e: OptionError) -> str:
+    "The flag of the field `e` blames; if the user did not give it, after those of the fields `e` names that they did."
+    given = [f for f in args.flags if getattr(args, f, None) is not None and re.search(rf"\b{f}=", str(e))]
+    return ", ".join(args.flags[f] for f in ([] if e.field in given else given) + [e.field])  # --n-heads, --d-model
 
 
 def _preset_in(argv: list[str]) -> str | None:

@@ -71,10 +71,10 @@ def _env_data_file() -> Path | None:
 #| code-fold: true
 def _how_to_supply(cache_file: Path) -> str:
     return (
-        f"Supply the file in one of these ways: pass tiny_shakespeare(path='/path/to/tinyshakespeare.txt'); "
-        f"or set GPTBOOK_DATA=/path/to/tinyshakespeare.txt (or a folder containing it); "
-        f"or copy it to {cache_file}. The file is {TINY_SHAKESPEARE_URL} "
-        f"(sha256 {TINY_SHAKESPEARE_SHA256})."
+        f"Supply the file in one of these ways: set GPTBOOK_DATA=/path/to/tinyshakespeare.txt (or a folder "
+        f"containing it), or give it as your text, `gptbook train --data /path/to/tinyshakespeare.txt`; "
+        f"or copy it to {cache_file}; or, in Python, pass tiny_shakespeare(path=...). The file is "
+        f"{TINY_SHAKESPEARE_URL} (sha256 {TINY_SHAKESPEARE_SHA256})."
     )
 
 # %% ../nbs/07_data.ipynb #3deaa6de

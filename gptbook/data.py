@@ -16,10 +16,11 @@ import torch
 from .adapters import as_tokenizer
 from .corpus import cache_dir, tiny_shakespeare
 from .files import atomic_write, read_text
-from .tokenizer import BPETokenizer, CharTokenizer
+from .tokenizer import GPT2_PATTERN, BPETokenizer, CharTokenizer, load_tokenizer
 
 # %% auto #0
-__all__ = ['train_val_split', 'encode_to_array', 'save_tokens', 'load_tokens', 'get_batch', 'TokenData', 'load_token_data']
+__all__ = ['train_val_split', 'id_dtype', 'encode_to_array', 'save_tokens', 'load_tokens', 'get_batch', 'TokenData',
+           'load_token_data']
 
 # %% ../nbs/07_data.ipynb #ec34ff1c
 def train_val_split(data, val_fraction: float = 0.1):
@@ -28,29 +29,33 @@ def train_val_split(data, val_fraction: float = 0.1):
     return data[:n_train], data[n_train:]
 
 # %% ../nbs/07_data.ipynb #a5d9ac7a
+def id_dtype(vocab_size: int) -> np.dtype:
+    "The type of a token array: `uint16` (nanoGPT's .bin) up to 2**16 ids, else `uint32`."
+    return np.dtype("<u2" if vocab_size <= 2**16 else "<u4")
+
+
 def encode_to_array(tokenizer, text: str) -> np.ndarray:
-    "`text` as 1-D ids, `uint16` (`uint32` past 2**16 ids): 'abba' -> 0 1 1 0"
-    dtype = np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32
-    return np.asarray(tokenizer.encode(text), dtype=dtype)
+    "`text` as 1-D ids of `id_dtype(tokenizer.vocab_size)`: 'abba' -> 0 1 1 0"
+    return np.asarray(tokenizer.encode(text), dtype=id_dtype(tokenizer.vocab_size))
 
 # %% ../nbs/07_data.ipynb #31d4f7ce
-def save_tokens(ids, path) -> Path:
-    "Write `ids` to `path` as raw little-endian `uint16`, atomically."
-    path, arr = Path(path), np.asarray(ids)
-    if arr.size and (arr.min() < 0 or arr.max() >= 2**16):
-        msg = "ids must lie in 0..65535 to be stored as uint16"
+def save_tokens(ids, path, vocab_size: int = 2**16) -> Path:
+    "Write `ids` to `path` as raw little-endian `id_dtype(vocab_size)`, atomically."
+    path, arr, dtype = Path(path), np.asarray(ids), id_dtype(vocab_size)
+    if arr.size and (arr.min() < 0 or arr.max() >= vocab_size):
+        msg = f"ids must lie in 0..{vocab_size - 1:,} to be stored as {dtype.name}"
         raise ValueError(f"{msg}, got min {arr.min()} and max {arr.max()}")
     with atomic_write(path, "wb") as f:
-        f.write(arr.astype("<u2").tobytes())
+        f.write(arr.astype(dtype).tobytes())
     return path
 
 
-def load_tokens(path) -> np.ndarray:
-    "Memory-map a file of `save_tokens` as a read-only 1-D `uint16` array."
-    path = Path(path)
+def load_tokens(path, vocab_size: int = 2**16) -> np.ndarray:
+    "Memory-map a file of `save_tokens(ids, path, vocab_size)`: read-only, 1-D."
+    path, dtype = Path(path), id_dtype(vocab_size)
     if path.stat().st_size == 0:
-        return np.zeros(0, dtype=np.uint16)  # np.memmap refuses empty files
-    return np.memmap(path, dtype="<u2", mode="r")
+        return np.zeros(0, dtype=dtype)  # np.memmap refuses empty files
+    return np.memmap(path, dtype=dtype, mode="r")
 
 # %% ../nbs/07_data.ipynb #add1e904
 def get_batch(
@@ -101,14 +106,15 @@ class TokenData:
 # %% ../nbs/07_data.ipynb #37b525b9
 #| code-fold: true
 def _bpe_ids(text: str, vocab_size: int, cache: bool):
-    "A BPE of `vocab_size` ids trained on `text`, and the text's ids: kept in the cache, and checked when reused."
-    stem = cache_dir() / "tokens" / f"bpe{vocab_size}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+    "A BPE of `vocab_size` ids (GPT-2's pattern) trained on `text`, and the text's ids: cached, checked when reused."
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    stem = cache_dir() / "tokens" / f"bpe{vocab_size}-gpt2-{digest}"  # the pattern is part of the name
     if cache:
         with contextlib.suppress(OSError, ValueError, TypeError):  # not cached yet, or damaged: train again
             tok, ids = BPETokenizer.load(stem.with_suffix(".json")), np.load(stem.with_suffix(".npy"), mmap_mode="r")
             if ids.dtype in (np.uint16, np.uint32) and ids.ndim == 1 and tok.decode(ids) == text:
                 return tok, ids
-    tok = BPETokenizer.train(text, vocab_size)
+    tok = BPETokenizer.train(text, vocab_size, pattern=GPT2_PATTERN)
     ids = encode_to_array(tok, text)
     if cache:
         with contextlib.suppress(OSError):  # a read-only or full cache only costs the next run the training again
@@ -120,12 +126,16 @@ def _bpe_ids(text: str, vocab_size: int, cache: bool):
 
 # %% ../nbs/07_data.ipynb #e7aeb467
 def _tokenize(tokenizer, train_text, val_text, vocab_size: int, cache: bool):
-    "(tokenizer, train ids, val ids) for 'char', 'bpe' or a tokenizer object."
+    "(tokenizer, train ids, val ids) for 'char', 'bpe', a tokenizer file or a tokenizer object."
     if tokenizer == "bpe":  # merges from the training text: val stays unseen
         tok, train = _bpe_ids(train_text, vocab_size, cache)
         return tok, train, encode_to_array(tok, val_text)
     if tokenizer == "char":  # the whole text's alphabet: every character an id
         tok = CharTokenizer.train(train_text + val_text)
+    elif isinstance(tokenizer, (str, Path)):  # a file of `save` (`gptbook tokenizer train` writes one)
+        if not Path(tokenizer).expanduser().is_file():
+            raise ValueError(f"tokenizer={str(tokenizer)!r} is neither 'char', 'bpe' nor a tokenizer file")
+        tok = load_tokenizer(Path(tokenizer).expanduser())
     else:  # ours, a tiktoken.Encoding or a Hugging Face tokenizer
         tok = as_tokenizer(tokenizer)
     return tok, encode_to_array(tok, train_text), encode_to_array(tok, val_text)
@@ -138,7 +148,7 @@ def load_token_data(
     val_fraction: float = 0.1,
     cache: bool = True,
 ) -> TokenData:
-    "Tiny Shakespeare (or the text at `path`) as ids, split by position."
+    "Tiny Shakespeare (or the text at `path`) as ids, split by position; `tokenizer`: 'char', 'bpe', a file or object."
     text = tiny_shakespeare() if path is None else read_text(path)
     source = "Tiny Shakespeare" if path is None else Path(path).expanduser()
     if not text:

@@ -85,7 +85,8 @@ class CharTokenizer:
         i = next(i for i, c in enumerate(text) if c not in self.stoi)
         raise ValueError(
             f"character {text[i]!r} at position {i} is not one of the {len(self.chars)} characters this CharTokenizer "
-            "was trained on: replace it (a trained model knows no other), or train anew on a text that contains it"
+            "was trained on: replace it (a trained model knows no other), or train anew on a text that contains it, "
+            "or on a BPE, whose bytes spell any text (`gptbook train --tokenizer bpe`)"
         )
 
     def decode(self, ids) -> str:

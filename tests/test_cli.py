@@ -167,7 +167,9 @@ def test_optional_fields_take_none(capsys):
     from gptbook.cli import sampling_config_from_args
 
     parser = build_parser()
-    args = parser.parse_args(["sample", "--top-p", "none", "--top-k", "5", "--stop-strings", "THE END", "FINIS"])
+    args = parser.parse_args(
+        ["sample", "--top-p", "none", "--top-k", "5", "--stop-strings", "THE END", "--stop-strings", "FINIS"]
+    )
     config = sampling_config_from_args(args)
     assert (config.top_p, config.top_k, config.temperature) == (None, 5, 0.8)
     assert config.stop_strings == ("THE END", "FINIS")
@@ -198,7 +200,7 @@ def test_no_command_prints_help(capsys):
     [
         (["train", "--max-iterz", "5"], 2, "unrecognized arguments: --max-iterz"),
         (["train", "--lr", "fast"], 2, "invalid float value: 'fast'"),
-        (["train", "--tokenizer", "words"], 2, "invalid choice: 'words'"),
+        (["train", "--tokenizer", "words"], 1, "error: tokenizer='words' is neither 'char', 'bpe' nor a tokenizer"),
         (["train", "--batch-size", "0"], 1, "batch_size must be at least 1"),
         (["train", "--data", "/no/such/file.txt"], 1, "/no/such/file.txt does not exist"),
         (["train", "--preset", "baby", "--n-layerz", "1"], 2, "unrecognized arguments"),
@@ -616,6 +618,7 @@ def test_sample_takes_the_run_as_an_argument(capsys, run_dir):
 def test_sample_nanogpt_needs_a_tokenizer(capsys, tmp_path):
     status, _, err = call(capsys, "sample", "--nanogpt", tmp_path / "ckpt.pt")
     assert status == 1 and "--tokenizer" in err and "meta.pkl" in err and len(err.strip().splitlines()) == 1
+    assert "--char for a character model" in err and "--vocab-size N for a BPE" in err  # F12: nanoGPT's char models
     status, _, err = call(capsys, "sample", "--nanogpt", tmp_path / "ckpt.pt", "--hf", tmp_path)
     assert status == 1 and "give one model" in err
 
@@ -746,3 +749,226 @@ def test_ctrl_c_names_the_checkpoint_and_the_resume_command(capsys, tmp_path, mo
     assert status == 130
     assert f"the last checkpoint is {out / 'ckpt_0000002'}" in err
     assert f"gptbook train --out {out} --resume" in err
+
+
+# ------------------------------------------------------------------ a CLI without traps (issue 26, F10-F14)
+
+
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (
+            ["train", "--max-iter", "5"],
+            "gptbook train: error: unrecognized arguments: --max-iter 5; did you mean --max-iters?",
+        ),
+        (
+            ["train", "--max-itrs", "5"],
+            "gptbook train: error: unrecognized arguments: --max-itrs 5; did you mean --max-iters?",
+        ),
+        (
+            ["sample", "--promt", "x"],
+            "gptbook sample: error: unrecognized arguments: --promt; did you mean --prompt?",
+        ),
+        (
+            ["eval", "--data", "f", "--batch=2"],
+            "gptbook eval: error: unrecognized arguments: --batch=2; did you mean --batch-size?",
+        ),
+        (
+            ["tokenizer", "train", "f", "--out", "o", "--vocab-siz=9"],
+            "gptbook tokenizer train: error: unrecognized arguments: --vocab-siz=9; did you mean --vocab-size?",
+        ),
+        (["--verison"], "gptbook: error: unrecognized arguments: --verison; did you mean --version?"),
+    ],
+)
+def test_no_prefixes_and_unknown_flags_are_the_subcommands_error(capsys, tmp_path, monkeypatch, argv, said):
+    "F10: a prefix is not a flag, and an unknown flag is named by the command given it, with its help and a guess."
+    monkeypatch.chdir(tmp_path)  # where a prefix taken for its flag would train
+    status, out, err = call(capsys, *argv)
+    prog = said.partition(": error")[0]
+    assert status == 2 and out == "" and err.strip() == f"{said} (see `{prog} --help`)"
+
+
+def test_a_flag_of_several_values_never_swallows_the_run(capsys, run_dir):
+    "F10: `--stop-strings xyz RUN` keeps RUN; the flag takes one value a use and repeats."
+    base = ["--max-new-tokens", 30, "--seed", 3, "--prompt", "KING"]
+    s1, before, _ = call(capsys, "sample", "--stop-strings", "xyz", "--stop-strings", "e", run_dir[0], *base)
+    s2, after, _ = call(capsys, "sample", run_dir[0], *base, "--stop-strings", "xyz", "--stop-strings", "e")
+    assert s1 == s2 == 0 and before == after
+    s3, whole, _ = call(capsys, "sample", run_dir[0], *base)
+    assert s3 == 0 and whole.startswith(before.rstrip("\n")) and "e" not in before[len("KING") :]
+
+
+def test_device_reads_the_same_in_every_command(capsys):
+    "F10: one metavar for --device in train, sample and eval."
+    for command in ("train", "sample", "eval"):
+        status, out, _ = call(capsys, command, "--help")
+        assert status == 0 and "--device DEVICE" in out and "--device TEXT" not in out, command
+
+
+@pytest.mark.parametrize(
+    "flags, lead",
+    [
+        (["--n-heads", "3"], "--n-heads, --d-model: d_model=128 is not divisible by n_heads=3"),
+        (["--d-model", "130"], "--d-model: d_model=130 is not divisible by n_heads=4"),
+        (["--d-model", "130", "--n-heads", "3"], "--d-model: d_model=130 is not divisible by n_heads=3"),
+    ],
+)
+def test_a_rule_of_two_fields_blames_the_flag_given_first(capsys, tmp_path, flags, lead):
+    "F14: `--n-heads 3` on the baby's d_model 128 is the user's --n-heads, named first, with --d-model."
+    status, _, err = call(capsys, "train", "--out", tmp_path / "run", *flags)
+    assert status == 1 and err.startswith(f"gptbook train: error: {lead}"), err
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_unknown_character_gets_the_cli_s_fix(capsys, run_dir):
+    "F12: a character the char run never saw suggests a BPE run (`--tokenizer bpe`), not an API call."
+    status, _, err = call(capsys, "sample", run_dir[0], "--prompt", "Café")
+    assert status == 1 and "'é' at position 3" in err and "gptbook train --tokenizer bpe" in err
+    assert "CharTokenizer.train" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_offline_without_the_data_leads_with_the_cli_s_ways(capsys, tmp_path, monkeypatch):
+    "F12: no file, no network: GPTBOOK_DATA and --data come before the Python call."
+    import urllib.request
+
+    monkeypatch.delenv("GPTBOOK_DATA", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(urllib.request, "urlopen", lambda *a, **k: (_ for _ in ()).throw(OSError("offline")))
+    status, _, err = call(capsys, "train", "--out", tmp_path / "run")
+    assert status == 1 and "Supply the file in one of these ways: set GPTBOOK_DATA=" in err
+    assert err.index("gptbook train --data") < err.index("tiny_shakespeare(path=")
+
+
+def test_tokenizer_train_char_and_special_tokens(capsys, tmp_path, shakespeare):
+    "`--char` writes nanoGPT's shakespeare_char tokenizer; `--special` adds special tokens; contradictions refused."
+    from gptbook.tokenizer import load_tokenizer
+
+    text = tmp_path / "input.txt"
+    text.write_text(shakespeare, encoding="utf-8")
+    assert call(capsys, "tokenizer", "train", text, "--char", "--out", tmp_path / "c.json")[0] == 0
+    assert load_tokenizer(tmp_path / "c.json").chars == sorted(set(shakespeare))  # nanoGPT's prepare.py
+    argv = ["tokenizer", "train", text, "--out", tmp_path / "b.json", "--vocab-size", 260]
+    assert call(capsys, *argv, "--special", "<|endoftext|>", "--special", "<|pad|>")[0] == 0
+    assert load_tokenizer(tmp_path / "b.json").special_tokens == {"<|endoftext|>": 258, "<|pad|>": 259}
+    for bad in (["--char", "--vocab-size", "300"], ["--char", "--no-pattern"], ["--char", "--special", "<s>"], []):
+        status, _, err = call(capsys, "tokenizer", "train", text, "--out", tmp_path / "x.json", *bad)
+        assert status == 1 and "give --vocab-size N for a BPE" in err and not (tmp_path / "x.json").exists(), err
+
+
+def test_train_on_a_tokenizer_file_keeps_its_special_tokens(capsys, tmp_path, shakespeare):
+    "F8: the file `gptbook tokenizer train` writes trains a run, and the run's checkpoint holds it, specials and all."
+    from gptbook.tokenizer import load_tokenizer
+
+    text = tmp_path / "t.txt"
+    text.write_text(shakespeare[:20_000], encoding="utf-8")
+    argv = [
+        "tokenizer",
+        "train",
+        text,
+        "--vocab-size",
+        300,
+        "--special",
+        "<|endoftext|>",
+        "--out",
+        tmp_path / "tok.json",
+    ]
+    assert call(capsys, *argv)[0] == 0
+    flags = ["--data", text, "--max-iters", 2, "--eval-interval", 2, "--sample-tokens", 5, *TINY]
+    status, out, err = call(capsys, "train", "--out", tmp_path / "run", "--tokenizer", tmp_path / "tok.json", *flags)
+    assert status == 0, err
+    tok, saved = load_tokenizer(tmp_path / "tok.json"), load_checkpoint(tmp_path / "run").tokenizer
+    assert (saved.merges, saved.pattern, saved.special_tokens) == (tok.merges, tok.pattern, {"<|endoftext|>": 299})
+    assert load_checkpoint(tmp_path / "run").model.config.vocab_size == 300
+    status, out, err = call(
+        capsys, "train", "--out", tmp_path / "run", "--resume", "--max-iters", 3, "--sample-tokens", 0
+    )
+    assert status == 0 and load_checkpoint(tmp_path / "run").tokenizer.special_tokens == tok.special_tokens, err
+
+
+def test_bpe_runs_split_with_gpt2s_pattern(capsys, tmp_path, shakespeare):
+    "F7: the run's BPE is the one `gptbook tokenizer train` makes from the same training text."
+    from gptbook.data import train_val_split
+    from gptbook.tokenizer import GPT2_PATTERN, load_tokenizer
+
+    monkeypatch = pytest.MonkeyPatch()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    try:
+        (tmp_path / "t.txt").write_text(shakespeare[:20_000], encoding="utf-8")
+        (tmp_path / "train.txt").write_text(train_val_split(shakespeare[:20_000])[0], encoding="utf-8")
+        flags = ["--max-iters", 1, "--eval-interval", 1, "--sample-tokens", 0, *TINY, "--bpe-vocab-size", 300]
+        status, _, err = call(
+            capsys, "train", "--out", tmp_path / "run", "--data", tmp_path / "t.txt", "--tokenizer", "bpe", *flags
+        )
+        assert status == 0, err
+        argv = ["tokenizer", "train", tmp_path / "train.txt", "--vocab-size", 300, "--out", tmp_path / "tok.json"]
+        assert call(capsys, *argv)[0] == 0
+    finally:
+        monkeypatch.undo()
+    run_tok = load_checkpoint(tmp_path / "run").tokenizer
+    assert run_tok.pattern == GPT2_PATTERN and run_tok.merges == load_tokenizer(tmp_path / "tok.json").merges
+
+
+def test_a_vocabulary_past_65536_ids_trains_samples_and_scores(capsys, tmp_path):
+    "F15: 100,000 ids (cl100k_base's scale, made cheaply of characters) train on uint32 ids, then sample and eval."
+    import numpy as np
+
+    from gptbook.tokenizer import CharTokenizer
+
+    chars = [chr(0x10000 + i) for i in range(100_000)]
+    CharTokenizer(chars).save(tmp_path / "wide.json")
+    ids = np.random.default_rng(0).integers(0, 100_000, 2_000)
+    (tmp_path / "wide.txt").write_text("".join(chars[i] for i in ids), encoding="utf-8")
+    flags = ["--data", tmp_path / "wide.txt", "--max-iters", 2, "--eval-interval", 2, "--sample-tokens", 0, *TINY]
+    status, out, err = call(capsys, "train", "--out", tmp_path / "run", "--tokenizer", tmp_path / "wide.json", *flags)
+    assert status == 0 and "(2,000 tokens: 1,800 train, 200 val)" in out, err
+    assert load_checkpoint(tmp_path / "run").model.config.vocab_size == 100_000
+    status, out, err = call(capsys, "sample", tmp_path / "run", "--prompt", chars[99_999], "--max-new-tokens", 3)
+    assert status == 0 and out.startswith(chars[99_999]) and len(out.strip()) == 4, err
+    status, out, err = call(capsys, "eval", tmp_path / "run", "--data", tmp_path / "wide.txt")
+    assert status == 0 and "2,000 tokens" in out, err
+
+
+def test_eval_scores_hugging_face_and_nanogpt_models(capsys, run_dir, tmp_path, shakespeare):
+    "Review 3d: `gptbook eval --hf FOLDER` and `--nanogpt CKPT` score the run's own model exactly as the run does."
+    pytest.importorskip("transformers")
+    from test_hf import write_nanogpt_ckpt
+
+    from gptbook.hf import nanogpt_key, save_hf
+
+    ck = load_checkpoint(run_dir[0])
+    save_hf(ck.model, tmp_path / "hf")
+    c = ck.model.config
+    state = {nanogpt_key(k): v for k, v in ck.model.state_dict().items()}
+    args = dict(n_layer=c.n_layers, n_head=c.n_heads, n_embd=c.d_model, block_size=c.max_seq_len, bias=c.bias)
+    write_nanogpt_ckpt(tmp_path / "ckpt.pt", state, args | dict(vocab_size=c.vocab_size, dropout=0.0), masks=False)
+    (tmp_path / "t.txt").write_text(shakespeare[-3000:], encoding="utf-8")
+    tok = ["--tokenizer", ck.path / "tokenizer.json"]
+    scores = [
+        call(capsys, "eval", *source, "--data", tmp_path / "t.txt")
+        for source in ([run_dir[0]], ["--hf", tmp_path / "hf", *tok], ["--nanogpt", tmp_path / "ckpt.pt", *tok])
+    ]
+    assert [s[0] for s in scores] == [0, 0, 0], [s[2] for s in scores]
+    run, hf, nano = (s[1].splitlines()[-1] for s in scores)
+    assert run == hf and run.startswith("loss ") and nano.startswith("loss ")
+    loss = lambda line: float(line.split()[1])  # noqa: E731
+    assert abs(loss(nano) - loss(run)) < 1e-3  # nanoGPT's exact GELU against the run's tanh approximation
+
+
+def test_sample_hf_hub_name_reads_the_tokenizer_from_the_snapshot(tmp_path, shakespeare):
+    "F2: `gptbook sample --hf gpt2` takes the model and the tokenizer from one snapshot (a fake hub cache, offline)."
+    pytest.importorskip("huggingface_hub")
+    folder = _hf_folder(tmp_path, shakespeare[:5000])
+    snap = tmp_path / "hf_home" / "hub" / "models--gpt2" / "snapshots" / ("0123456789abcdef" * 3)[:40]
+    snap.parent.mkdir(parents=True)
+    shutil.copytree(folder, snap)
+    (snap.parents[1] / "refs").mkdir()
+    (snap.parents[1] / "refs" / "main").write_text(snap.name)
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    argv = ["--prompt", "ROMEO:", "--max-new-tokens", 5, "--seed", 1]
+    by_name = subprocess.run(
+        [sys.executable, "-m", "gptbook", "sample", "--hf", "gpt2", *map(str, argv)],
+        capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert by_name.returncode == 0, by_name.stderr
+    by_folder = run_cli("sample", "--hf", folder, *argv)
+    assert by_name.stdout == by_folder.stdout and by_name.stdout.startswith("ROMEO:")

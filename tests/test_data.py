@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from gptbook import data
-from gptbook.tokenizer import BPETokenizer, CharTokenizer
+from gptbook.tokenizer import GPT2_PATTERN, BPETokenizer, CharTokenizer
 from gptbook.corpus import (
     TINY_SHAKESPEARE_SHA256,
     ChecksumError,
@@ -24,7 +24,7 @@ from gptbook.corpus import (
     tiny_shakespeare,
     tiny_shakespeare_path,
 )
-from gptbook.data import get_batch, load_token_data, save_tokens, train_val_split
+from gptbook.data import get_batch, load_token_data, load_tokens, save_tokens, train_val_split
 
 SMALL = b"To be, or not to be, that is the question:\n"
 SMALL_SHA = hashlib.sha256(SMALL).hexdigest()
@@ -161,6 +161,7 @@ def test_server_down_says_how_to_supply(no_env):
     msg = str(e.value)
     for hint in ("path=", "GPTBOOK_DATA", str(no_env / "tinyshakespeare.txt"), TINY_SHAKESPEARE_SHA256):
         assert hint in msg
+    assert msg.index("GPTBOOK_DATA") < msg.index("gptbook train --data") < msg.index("path=")  # the CLI's ways first
 
 
 def test_http_404_is_a_clear_error(no_env, server):
@@ -225,7 +226,7 @@ def test_load_token_data_with_tiktoken_and_hf_tokenizers(tmp_path):
 def _cached(cache_home, text_path, vocab_size=300):
     "The cache entry of a BPE trained on the training part of `text_path` (the validation part is never learned from)."
     train_text, _ = train_val_split(text_path.read_text(encoding="utf-8"))
-    name = f"bpe{vocab_size}-{hashlib.sha256(train_text.encode()).hexdigest()[:16]}"
+    name = f"bpe{vocab_size}-gpt2-{hashlib.sha256(train_text.encode()).hexdigest()[:16]}"  # GPT-2's pattern
     return cache_home / "gptbook" / "tokens" / f"{name}.json", cache_home / "gptbook" / "tokens" / f"{name}.npy"
 
 
@@ -260,11 +261,50 @@ def test_a_bpe_learns_from_the_training_text_only(tmp_path):
     "The validation part is never learned from: its pairs get no merge, and the split is the characters' split."
     path = tmp_path / "t.txt"
     path.write_text("the cat sat " * 75 + "xyzw" * 25, encoding="utf-8")  # the last tenth: 'xyzw' only
-    d = load_token_data("bpe", vocab_size=270, path=path, cache=False)
+    d = load_token_data("bpe", vocab_size=264, path=path, cache=False)  # all the pairs GPT-2's pattern leaves
     train_text, val_text = train_val_split(path.read_text(encoding="utf-8"))
-    assert d.tokenizer.merges == BPETokenizer.train(train_text, 270).merges
+    assert d.tokenizer.merges == BPETokenizer.train(train_text, 264, pattern=GPT2_PATTERN).merges
     assert not any(b"x" in t or b"y" in t for t in d.tokenizer.vocab.values() if len(t) > 1)
     assert d.tokenizer.decode(d.val.tolist()) == val_text and len(d.val) == len(val_text)
+
+
+def test_bpe_splits_with_gpt2s_pattern_as_the_tokenizer_command_does(small_text, tmp_path, capsys):
+    "F7: `--tokenizer bpe` learns the merges `gptbook tokenizer train` learns (GPT-2's pattern) from the training part."
+    from gptbook.cli import main
+
+    train_text, _ = train_val_split(small_text.read_text(encoding="utf-8"))
+    (tmp_path / "train.txt").write_text(train_text, encoding="utf-8")
+    assert main(["tokenizer", "train", tmp_path / "train.txt", "--vocab-size", 300, "--out", tmp_path / "t.json"]) == 0
+    d = load_token_data("bpe", vocab_size=300, path=small_text)
+    assert d.tokenizer.pattern == GPT2_PATTERN and d.tokenizer.merges == BPETokenizer.load(tmp_path / "t.json").merges
+
+
+def test_a_tokenizer_file_is_a_tokenizer_with_its_special_tokens(small_text, tmp_path):
+    "F8: the path of a saved tokenizer trains with it, special tokens included; a word that is neither is refused."
+    tok = BPETokenizer.train(small_text.read_text(encoding="utf-8"), 300, GPT2_PATTERN, ["<|endoftext|>"])
+    tok.save(tmp_path / "tok.json")
+    for given in (tmp_path / "tok.json", str(tmp_path / "tok.json")):
+        d = load_token_data(given, path=small_text)
+        assert d.tokenizer.special_tokens == {"<|endoftext|>": 299} and d.tokenizer.merges == tok.merges
+        assert d.tokenizer.decode(d.val.tolist()) == train_val_split(small_text.read_text(encoding="utf-8"))[1]
+    with pytest.raises(ValueError, match="tokenizer='words' is neither 'char', 'bpe' nor a tokenizer file"):
+        load_token_data("words", path=small_text)
+
+
+def test_ids_past_65536_are_stored_as_uint32(tmp_path):
+    "F15: a vocabulary of 100,000 ids (cl100k_base's size, cheaply: characters) trains on uint32 ids, saved and read."
+    chars = [chr(0x10000 + i) for i in range(100_000)]  # past the BMP: no surrogates
+    CharTokenizer(chars).save(tmp_path / "wide.json")
+    text = "".join(chars[i] for i in np.random.default_rng(0).integers(0, 100_000, 500))
+    (tmp_path / "wide.txt").write_text(text, encoding="utf-8")
+    d = load_token_data(tmp_path / "wide.json", path=tmp_path / "wide.txt")
+    assert d.vocab_size == 100_000 and d.train.dtype == np.uint32 and d.tokenizer.decode(d.train) == text[:450]
+    ids = np.concatenate([d.train, d.val])
+    path = save_tokens(ids, tmp_path / "wide.bin", vocab_size=d.vocab_size)
+    assert path.stat().st_size == 4 * 500 and (load_tokens(path, vocab_size=d.vocab_size) == ids).all()
+    assert load_tokens(save_tokens(ids[:3] % 2**16, tmp_path / "narrow.bin"), 2**16).dtype == np.uint16  # nanoGPT's
+    with pytest.raises(ValueError, match=r"ids must lie in 0..65,535 to be stored as uint16"):
+        save_tokens(ids, tmp_path / "x.bin")
 
 
 def test_another_texts_entry_under_this_name_is_caught(small_text, tmp_path):

@@ -761,6 +761,7 @@ def test_an_unknown_character_gets_advice_that_fits_a_trained_model():
         CharTokenizer.train("ab").encode("\ufeffab")
     assert "replace it" in str(e.value) and "train anew" in str(e.value)
     assert "retrain it (CharTokenizer.train)" not in str(e.value)
+    assert "a BPE, whose bytes spell any text (`gptbook train --tokenizer bpe`)" in str(e.value)  # F12: the CLI's fix
 
 
 # ---------------------------------------------------------------- hostile Hugging Face tokenizer.json files
