@@ -23,12 +23,11 @@ import gptbook
 from .checkpoint import load_checkpoint
 from .config import PRESETS, GPTConfig
 from .files import read_text
-from .hf import from_nanogpt
-from .model import GPT, pick_device, text_nats
+from .hf import from_nanogpt, hf_pretrained
+from .model import pick_device, text_nats
 from .options import OptionError, choices_of, field_types, split_optional
 from .sample import SamplingConfig, generate, stream
 from .tokenizer import GPT2_PATTERN, BPETokenizer, CharTokenizer, load_tokenizer
-from .weights import hf_folder
 
 # %% auto #0
 __all__ = ['UNSET', 'SAMPLE_DEFAULTS', 'add_options', 'given', 'config_from_args', 'sampling_config_from_args', 'build_parser',
@@ -289,9 +288,8 @@ def _model_to_sample(args):
         )
     given = load_tokenizer(args.tokenizer) if args.tokenizer else None
     if args.hf or args.nanogpt:
-        folder = args.hf and hf_folder(args.hf)  # a hub name: its snapshot, for the model and the tokenizer alike
-        model = GPT.from_hf(folder) if args.hf else from_nanogpt(args.nanogpt)
-        tokenizer = given or BPETokenizer.from_hf(folder)
+        hub = args.hf and hf_pretrained(args.hf, tokenizer=given)  # a hub name: one snapshot for both
+        model, tokenizer = hub or (from_nanogpt(args.nanogpt), given)
     else:
         ck = load_checkpoint(_run_folder(args))
         model, tokenizer = ck.model, given or ck.tokenizer

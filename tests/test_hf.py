@@ -746,7 +746,6 @@ def test_gpt2_by_name_end_to_end(fake_hub, tmp_path):
     assert run_offline(fake_hub, script, tmp_path).strip().endswith(SNAPSHOT)
 
 
-@pytest.mark.xfail(strict=True, reason="cli.py's _model_to_sample still reads the tokenizer from the name: F2")
 def test_gptbook_sample_hf_by_name(fake_hub, tmp_path):
     script = """
         from gptbook.cli import main

@@ -243,7 +243,7 @@ def test_presets_and_overrides():
 def test_train_config_validates_and_roundtrips():
     cfg = TrainConfig(max_iters=7, model_overrides={"n_layers": 2})
     assert TrainConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
-    for bad in ({"batch_size": 0}, {"lr": 0.0}, {"tokenizer": "words"}, {"max_iters": -1}, {"dtype": "float16"}):
+    for bad in ({"batch_size": 0}, {"lr": 0.0}, {"tokenizer": ""}, {"max_iters": -1}, {"dtype": "float16"}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             TrainConfig(**bad)
     with pytest.raises(OptionError, match="unknown TrainConfig field"):
@@ -260,7 +260,7 @@ def test_train_config_validates_and_roundtrips():
         ({"min_lr_ratio": 2.0}, "min_lr_ratio must be in [0, 1], got 2.0"),
         ({"grad_clip": -1.0}, "grad_clip must be >= 0, got -1.0 (0 turns clipping off)"),
         ({"weight_decay": -1.0}, "weight_decay must be >= 0, got -1.0"),
-        ({"tokenizer": "words"}, "tokenizer must be one of 'char', 'bpe', got 'words'"),
+        ({"tokenizer": ""}, "tokenizer must be a non-empty string, got ''"),
         ({"batch_size": 1.5}, "batch_size must be an integer, got 1.5"),
     ],
 )
