@@ -48,7 +48,7 @@ NANOGPT_FLAGS = [  # nanoGPT README's CPU "baby GPT", with gptbook's baby settin
     "--gradient_accumulation_steps=1",
     "--learning_rate=1e-3",
     "--beta2=0.99",
-    "--warmup_iters=100",
+    "--dtype=float32",
     "--always_save_checkpoint=False",
 ]
 ROWS = {"gptbook, 1 thread": "1", "gptbook, 2 threads": "2", "gptbook, default": None, "nanoGPT train.py": "nanogpt"}
@@ -89,6 +89,7 @@ def run_gptbook(threads: str | None, steps: int, out: Path) -> dict:
 
 def run_nanogpt(folder: Path, steps: int) -> dict:
     cmd = [sys.executable, "train.py", *NANOGPT_FLAGS, f"--max_iters={steps}", f"--lr_decay_iters={steps}"]
+    cmd += [f"--warmup_iters={steps // 2}"]  # as gptbook's runs below
     cmd += [f"--eval_interval={steps}", "--out_dir=out"]
     b0 = _busy()
     r = subprocess.run(cmd, capture_output=True, text=True, env=_env(), cwd=folder)

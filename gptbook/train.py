@@ -308,7 +308,7 @@ def _tensorboard(folder: Path):
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
-        raise ImportError('logger="tensorboard" needs TensorBoard: pip install "gptbook[tensorboard]"') from None
+        raise ImportError('the tensorboard logger needs TensorBoard: pip install "gptbook[tensorboard]"') from None
     return SummaryWriter(str(folder))
 
 
@@ -442,9 +442,8 @@ def train(cfg=None, model_config=None, *, resume=False, data=None, overwrite=Fal
         t0 = time.perf_counter()
         if trainer.is_main:
             print(header(trainer, state), flush=True)
-            if trainer.cfg.max_iters <= trainer.cfg.warmup_iters:
-                warnings.warn(f"max_iters {trainer.cfg.max_iters} <= warmup_iters {trainer.cfg.warmup_iters}: the "
-                              "whole run is warmup, the learning rate only rises (lower --warmup-iters)")
+            if (steps := trainer.cfg.max_iters) <= (warmup := trainer.cfg.warmup_iters):
+                warnings.warn(f"{steps} steps, {warmup} of warmup: the learning rate only rises", stacklevel=2)
         if folder != run_dir:  # --overwrite: the new run lives in its own folder until its first checkpoint
             trainer.out_dir = folder
             trainer.fit(stop_at=trainer.cfg.eval_interval)
