@@ -276,6 +276,8 @@ class Trainer:
                     self._log(progress.record(self.evaluate()))  # a diverged evaluation is never saved
                     if self.step > 0:
                         self.save()
+                        if not self.cfg.threads and self.device.type == "cpu":
+                            pick_threads()  # other jobs may have come or gone since the last evaluation
                 if self.step >= end:
                     return self.history
                 progress.step(self.train_step())

@@ -705,6 +705,7 @@ def test_sampling_config_fields_and_defaults():
         stop=None,
         stop_strings=None,
         use_cache=True,
+        threads=None,
     )
     for f in dataclasses.fields(SamplingConfig):
         help_ = f.metadata["help"]

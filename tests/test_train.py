@@ -4,6 +4,7 @@ bit-exact resume, NaN handling, metrics. The checkpoint format itself: tests/tes
 import dataclasses
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -495,6 +496,7 @@ def tiny_baby(monkeypatch, shakespeare_path):
             batch_size=2,
             warmup_iters=1,
             model_overrides=overrides,
+            threads=1,  # no probe of the machine's load (one test replaces time.sleep)
         )
 
     trainings = []
@@ -708,3 +710,16 @@ def test_tensorboard_missing_is_one_line_naming_the_extra(chars, tmp_path, monke
     with pytest.raises(ImportError, match=r'^the tensorboard logger needs TensorBoard: pip install "gptbook\[tensorboard\]"$'):
         train(tiny_cfg(tmp_path / "run", max_iters=5, logger="tensorboard"), tiny_config(), data=chars)
     assert not list_checkpoints(tmp_path / "run")
+
+
+def test_the_default_thread_count_is_counted_again_after_each_evaluation(chars, tmp_path, monkeypatch):
+    "A job that starts (or ends) during a run: the count follows at the next evaluation; records name each count."
+    from gptbook import train as tr
+
+    monkeypatch.setattr(tr.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(tr, "_TORCH_THREADS", 2)
+    busy = iter([0.0, 1.0, 0.0, 0.0])  # at the start, after step 5, after step 10, after step 15
+    monkeypatch.setattr(tr, "_busy_cpus", lambda: next(busy))
+    train(tiny_cfg(tmp_path / "run", threads=None, max_iters=15), tiny_config(), data=chars)
+    used = [re.search(r", (\d+) threads?,", r["machine"])[1] for r in read_metrics(tmp_path / "run")]
+    assert used == ["2", "2", "1", "2"]  # records at steps 0, 5, 10, 15: the threads of the steps before each
