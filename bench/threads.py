@@ -2,10 +2,10 @@
 
 One run measures steps/s and tokens/s of the baby configuration (4 layers, 4 heads, d_model 128, context 64,
 batch 12, Tiny Shakespeare characters, float32 on the CPU) for `gptbook train --threads 1`, `--threads 2` and the
-default (no --threads), and for nanoGPT's train.py on the same model with its own thread count; each on a quiet
-machine and beside a load (a second `gptbook train --threads 1`, a job that keeps one core busy). Each figure is
-the median of `--repeats` short runs; the repeats go round all the runs in turn, so slow drifts in the machine's
-load touch every row alike. Evaluation is left out of both sides' timings.
+default (no --threads), and for nanoGPT's train.py on the same model (biases included, as in gptbook's baby) with
+its own thread count; each on a quiet machine and beside a load (a second `gptbook train --threads 1`, a job that
+keeps one core busy). Each figure is the median of `--repeats` short runs; the repeats go round all the runs in
+turn, so slow drifts in the machine's load touch every row alike. Evaluation is left out of both sides' timings.
 
 usage:
     python bench/threads.py --nanogpt PATH            # a nanoGPT checkout or bare git dir (never copied here)
@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "threads.json"
 TOKENS_PER_STEP = 12 * 64
 NANOGPT_FILES = ["train.py", "model.py", "configurator.py"]
-NANOGPT_FLAGS = [  # nanoGPT README's CPU "baby GPT", with gptbook's baby settings (lr 1e-3, beta2 0.99, no dropout)
+NANOGPT_FLAGS = [  # nanoGPT README's CPU "baby GPT" with gptbook's baby settings (lr 1e-3, beta2 0.99, no dropout)
     "--device=cpu",
     "--compile=False",
     "--dataset=shakespeare_char",
@@ -45,6 +45,7 @@ NANOGPT_FLAGS = [  # nanoGPT README's CPU "baby GPT", with gptbook's baby settin
     "--n_head=4",
     "--n_embd=128",
     "--dropout=0.0",
+    "--bias=True",  # the same model as gptbook's baby: GPT-2 style, with biases (nanoGPT's default: none)
     "--gradient_accumulation_steps=1",
     "--learning_rate=1e-3",
     "--beta2=0.99",
@@ -209,6 +210,7 @@ def main():
         rows = summarize(measure(args, Path(work)))
     res = {
         "config": {"preset": "baby", "tokenizer": "char", "batch_size": 12, "context": 64, "dtype": "float32"},
+        "nanogpt_flags": NANOGPT_FLAGS if args.nanogpt else None,
         "steps": args.steps,
         "repeats": args.repeats,
         "load": "a second `gptbook train --threads 1` (one core kept busy), started before the measured runs",
