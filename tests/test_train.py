@@ -607,7 +607,7 @@ def test_the_default_thread_count_leaves_the_busy_cpus_alone(monkeypatch):
     monkeypatch.setattr(tr.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     monkeypatch.setattr(tr, "_TORCH_THREADS", 2)
     for busy, expected in [(0.0, 2), (0.3, 2), (0.9, 1), (1.6, 1), (7.0, 1)]:
-        monkeypatch.setattr(tr, "_busy_cpus", lambda: busy)
+        monkeypatch.setattr(tr, "_busy_cpus", lambda busy=busy: busy)
         assert tr.pick_threads() == expected == torch.get_num_threads(), busy
         assert tr.pick_threads(0) == expected
     monkeypatch.setattr(tr, "_busy_cpus", lambda: 0.0)
@@ -707,7 +707,8 @@ def test_tensorboard_missing_is_one_line_naming_the_extra(chars, tmp_path, monke
     import sys
 
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # as if tensorboard were not installed
-    with pytest.raises(ImportError, match=r'^the tensorboard logger needs TensorBoard: pip install "gptbook\[tensorboard\]"$'):
+    one_line = r'^the tensorboard logger needs TensorBoard: pip install "gptbook\[tensorboard\]"$'
+    with pytest.raises(ImportError, match=one_line):
         train(tiny_cfg(tmp_path / "run", max_iters=5, logger="tensorboard"), tiny_config(), data=chars)
     assert not list_checkpoints(tmp_path / "run")
 
