@@ -69,6 +69,9 @@ class SamplingConfig(Options):
     )
     stop_strings: tuple[str, ...] | None = option(None, "text that ends a stream, not printed (stream only)")
     use_cache: bool = option(True, "keep each layer's keys and values (KV cache): the same tokens, much faster")
+    threads: int | None = option(
+        None, "CPU threads while sampling (default: 1; one sequence gains little from more)", min=0
+    )
 
     def __post_init__(self):
         self.stop, self.stop_strings = _as_tuple(self.stop), _as_tuple(self.stop_strings)  # one value or several
@@ -181,22 +184,27 @@ def _last_logits(model, window, length: int, cache, use_cache: bool):
 @torch.no_grad()
 def _token_loop(model, idx, n_steps: int, config: SamplingConfig, generator, forced=None):
     "Yields (tokens (B,), logits (B, V)) for n_steps steps; forced = (tokens, mask) (B, S) overrides steps s < S."
-    max_seq_len, length, cache, seen = model.config.max_seq_len, idx.size(1), None, None
-    window = idx[:, -max_seq_len:]  # (B, <= max_seq_len) the text as far as the model can see it
-    for s in range(n_steps):
-        logits, cache = _last_logits(model, window, length, cache, config.use_cache)  # (B, V)
-        z = logits
-        if config.repetition_penalty is not None:
-            if seen is None:  # the tokens of the text so far, as a mask (B, V)
-                seen = torch.zeros_like(logits, dtype=torch.bool).scatter_(-1, idx, True)
-            z = apply_repetition_penalty(logits, seen, config.repetition_penalty)
-        nxt = sample_next_token(z, config.temperature, config.top_k, config.top_p, config.min_p, generator)  # (B,)
-        if forced is not None and s < forced[0].size(1):
-            nxt = torch.where(forced[1][:, s], forced[0][:, s], nxt)  # teacher forcing: the row's prompt token
-        yield nxt, logits
-        window, length = torch.cat([window, nxt[:, None]], 1)[:, -max_seq_len:], length + 1
-        if seen is not None:
-            seen.scatter_(-1, nxt[:, None], True)
+    before = torch.get_num_threads()
+    torch.set_num_threads(config.threads or 1)  # beside other jobs, a 2nd thread can make each token 10x slower
+    try:
+        max_seq_len, length, cache, seen = model.config.max_seq_len, idx.size(1), None, None
+        window = idx[:, -max_seq_len:]  # (B, <= max_seq_len) the text as far as the model can see it
+        for s in range(n_steps):
+            logits, cache = _last_logits(model, window, length, cache, config.use_cache)  # (B, V)
+            z = logits
+            if config.repetition_penalty is not None:
+                if seen is None:  # the tokens of the text so far, as a mask (B, V)
+                    seen = torch.zeros_like(logits, dtype=torch.bool).scatter_(-1, idx, True)
+                z = apply_repetition_penalty(logits, seen, config.repetition_penalty)
+            nxt = sample_next_token(z, config.temperature, config.top_k, config.top_p, config.min_p, generator)  # (B,)
+            if forced is not None and s < forced[0].size(1):
+                nxt = torch.where(forced[1][:, s], forced[0][:, s], nxt)  # teacher forcing: the row's prompt token
+            yield nxt, logits
+            window, length = torch.cat([window, nxt[:, None]], 1)[:, -max_seq_len:], length + 1
+            if seen is not None:
+                seen.scatter_(-1, nxt[:, None], True)
+    finally:
+        torch.set_num_threads(before)  # the caller's count again
 
 # %% ../nbs/09_sampling.ipynb #c338a32a
 def _settings(config, max_new_tokens, temperature, top_k, top_p, use_cache) -> SamplingConfig:

@@ -10,6 +10,7 @@ import os
 import random
 import sys
 import time
+import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -35,7 +36,8 @@ from .runs import TrainingDiverged, check_evaluation, last_good, pretrained, run
 from .runs import machine, start_run, summary, trim_metrics
 
 # %% auto #0
-__all__ = ['lr_at', 'param_groups', 'make_optimizer', 'TrainConfig', 'Ranks', 'Trainer', 'init_distributed', 'train']
+__all__ = ['lr_at', 'param_groups', 'make_optimizer', 'pick_threads', 'TrainConfig', 'Ranks', 'Trainer', 'init_distributed',
+           'train']
 
 # %% ../nbs/08_training.ipynb #d3808619
 def lr_at(it: int, max_lr: float, warmup_iters: int, max_iters: int, min_lr: float) -> float:
@@ -67,6 +69,33 @@ def make_optimizer(
     fused = True if device_type == "cuda" else None
     return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=tuple(betas), fused=fused)
 
+# %% ../nbs/08_training.ipynb #t8thr002
+_TORCH_THREADS = torch.get_num_threads()  # PyTorch's own count (its cores, or OMP_NUM_THREADS), before any change
+
+
+def _busy_cpus(seconds: float = 0.2) -> float:
+    "CPUs kept busy by other processes over `seconds` (Linux: /proc/stat; elsewhere the load average, or 0)."
+    try:
+        with open("/proc/stat") as f:
+            before = [int(x) for x in f.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
+        time.sleep(seconds)  # this process idles meanwhile: what is busy is the others
+        with open("/proc/stat") as f:
+            after = [int(x) for x in f.readline().split()[1:9]]
+    except OSError:
+        return os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    ticks = [b - a for a, b in zip(before, after)]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK") / seconds  # all but idle and iowait
+
+
+def pick_threads(threads: int | None = None) -> int:
+    "Set PyTorch's CPU threads to `threads`, or (None, 0) to the idle CPUs (at least 1, at most PyTorch's count)."
+    if not threads:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        threads = max(1, min(_TORCH_THREADS, cpus - round(_busy_cpus())))
+    torch.set_num_threads(threads)
+    return threads
+
+
 # %% ../nbs/08_training.ipynb #9f0fda47
 @dataclass
 class TrainConfig(Options):
@@ -96,9 +125,11 @@ class TrainConfig(Options):
     device: str = option("auto", "auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps")
     dtype: Literal["auto", "float32", "bfloat16"] = option("auto", "auto: bfloat16 on a GPU that has it, else float32")
     compile: bool = option(False, "torch.compile the model (needs a C++ compiler; pays off on GPUs)")
+    threads: int | None = option(None, "CPU threads (default: the CPUs that other jobs leave idle)", min=0)
     keep_last: int = option(1, "checkpoints kept in out_dir (the newest ones)", min=1)
     diverge_factor: float = option(3.0, "stop when the val loss exceeds this times the best", min=1, min_open=True)
     progress: bool = option(True, "a progress bar (rank 0; without a terminal: a line every 10% of the run)")
+    logger: Literal["tensorboard"] | None = option(None, "also write the metrics for TensorBoard, into out_dir")
     init_from: str | None = option(None, "start from the weights of a run or Hugging Face folder", metavar="DIR")
 
     def check(self) -> None:
@@ -161,6 +192,7 @@ class Trainer:
         self.history: list[dict] = []  # one record per evaluation, as in metrics.jsonl
         self.out_dir = Path(cfg.out_dir)  # where checkpoints and metrics go
         self.meta: dict = {}  # entries of every checkpoint's state.json (train adds the data's SHA-256)
+        self.tensorboard = _tensorboard(self.out_dir) if cfg.logger and self.is_main else None
 
     @property
     def tokens_per_step(self) -> int:
@@ -244,10 +276,13 @@ class Trainer:
                     self._log(progress.record(self.evaluate()))  # a diverged evaluation is never saved
                     if self.step > 0:
                         self.save()
+                        if not self.cfg.threads and self.device.type == "cpu":
+                            pick_threads()  # other jobs may have come or gone since the last evaluation
                 if self.step >= end:
                     return self.history
                 progress.step(self.train_step())
         except KeyboardInterrupt:
+            progress.bar.close()  # before the hint, or the bar is drawn again below it
             if self.is_main:
                 print(interrupted(self.out_dir, self.step, self.cfg.out_dir), file=sys.stderr, flush=True)
             raise
@@ -261,6 +296,23 @@ class Trainer:
         self.history.append(record)
         if self.is_main:
             append_metrics(self.out_dir, record)
+        if self.tensorboard is not None:  # the same numbers, one TensorBoard scalar each
+            for name, value in record.items():
+                if isinstance(value, (int, float)) and name != "iter":
+                    self.tensorboard.add_scalar(name, value, record["iter"])
+            self.tensorboard.flush()
+
+
+# %% ../nbs/08_training.ipynb #t8tbrd01
+#| code-fold: true
+def _tensorboard(folder: Path):
+    "A TensorBoard writer into `folder` (PyTorch's `SummaryWriter`, which needs the tensorboard package)."
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise ImportError('the tensorboard logger needs TensorBoard: pip install "gptbook[tensorboard]"') from None
+    return SummaryWriter(str(folder))
+
 
 # %% ../nbs/08_training.ipynb #02c5263b
 #| code-fold: true
@@ -388,9 +440,12 @@ def train(cfg=None, model_config=None, *, resume=False, data=None, overwrite=Fal
         if trainer.step >= trainer.cfg.max_iters:
             print(f"note: {run_dir} is at step {trainer.step}: raise --max-iters to train further", file=sys.stderr)
             return trainer
+        pick_threads(trainer.cfg.threads)  # before the header, which prints the count
         t0 = time.perf_counter()
         if trainer.is_main:
             print(header(trainer, state), flush=True)
+            if (steps := trainer.cfg.max_iters) <= (warmup := trainer.cfg.warmup_iters):
+                warnings.warn(f"{steps} steps, {warmup} of warmup: the learning rate only rises", stacklevel=2)
         if folder != run_dir:  # --overwrite: the new run lives in its own folder until its first checkpoint
             trainer.out_dir = folder
             trainer.fit(stop_at=trainer.cfg.eval_interval)

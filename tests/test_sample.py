@@ -705,6 +705,7 @@ def test_sampling_config_fields_and_defaults():
         stop=None,
         stop_strings=None,
         use_cache=True,
+        threads=None,
     )
     for f in dataclasses.fields(SamplingConfig):
         help_ = f.metadata["help"]
@@ -983,3 +984,27 @@ def test_text_decoder_prefix_diff_holds_back_half_characters():
     assert got == ["", "", "", "🙂", ""]
     dec = TextDecoder(hf)
     assert [dec.add(0xF0), dec.flush()] == ["", "\ufffd"]  # an unfinished last character shows as U+FFFD at the end
+
+
+# ---------------------------------------------------------------- CPU threads (issue 26, F1)
+
+
+def test_sampling_runs_on_one_thread_unless_asked_and_gives_the_count_back():
+    "F1: two threads beside a busy job made `gptbook sample` 16x slower; sampling takes 1 unless threads=N."
+    from gptbook.model import GPT, GPTConfig
+
+    model = GPT(GPTConfig(vocab_size=20, max_seq_len=8, n_layers=1, n_heads=2, d_model=16)).eval()
+    idx = torch.zeros(1, 1, dtype=torch.long)
+    torch.set_num_threads(3)  # the caller's count (the one_thread fixture restores its own after the test)
+    for config, during in [(SamplingConfig(max_new_tokens=4), 1), (SamplingConfig(max_new_tokens=4, threads=2), 2)]:
+        seen = [torch.get_num_threads() for _ in generate_steps(model, idx, config=config)]
+        assert seen == [during] * 4
+        assert torch.get_num_threads() == 3
+    steps = generate_steps(model, idx, 4)
+    next(steps)
+    steps.close()  # a loop left early gives the count back too
+    assert torch.get_num_threads() == 3
+    generate(model, idx, 3)
+    assert torch.get_num_threads() == 3
+    with pytest.raises(OptionError, match="threads"):
+        SamplingConfig(threads=-1)

@@ -4,6 +4,7 @@ bit-exact resume, NaN handling, metrics. The checkpoint format itself: tests/tes
 import dataclasses
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -60,6 +61,7 @@ def tiny_cfg(out_dir, **kw):
             "eval_iters": 2,
             "eval_interval": 5,
             "max_iters": 20,
+            "threads": 1,  # what the one_thread fixture set; no probe of the machine's load
             **kw,
         }
     )
@@ -494,6 +496,7 @@ def tiny_baby(monkeypatch, shakespeare_path):
             batch_size=2,
             warmup_iters=1,
             model_overrides=overrides,
+            threads=1,  # no probe of the machine's load (one test replaces time.sleep)
         )
 
     trainings = []
@@ -586,3 +589,138 @@ def test_init_from_refuses_what_the_weights_fix(field, value):
         TrainConfig(init_from="run", **{field: value})
     assert e.value.field == field
     TrainConfig(init_from="run")  # the defaults are fine
+
+
+# --- CPU threads, the Ctrl-C hint, an all-warmup run, TensorBoard (issue 26: F1, F14, logging) ---------------
+
+
+def test_threads_are_set_and_the_header_prints_the_count_used(chars, tmp_path, capsys):
+    train(tiny_cfg(tmp_path / "run", threads=2, max_iters=5), tiny_config(), data=chars)
+    assert ", 2 threads, torch " in capsys.readouterr().out
+    assert torch.get_num_threads() == 2  # the one_thread fixture restores the count after the test
+
+
+def test_the_default_thread_count_leaves_the_busy_cpus_alone(monkeypatch):
+    "None or 0: the CPUs this process may use, less those other jobs keep busy; at least 1, at most torch's count."
+    from gptbook import train as tr
+
+    monkeypatch.setattr(tr.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(tr, "_TORCH_THREADS", 2)
+    for busy, expected in [(0.0, 2), (0.3, 2), (0.9, 1), (1.6, 1), (7.0, 1)]:
+        monkeypatch.setattr(tr, "_busy_cpus", lambda busy=busy: busy)
+        assert tr.pick_threads() == expected == torch.get_num_threads(), busy
+        assert tr.pick_threads(0) == expected
+    monkeypatch.setattr(tr, "_busy_cpus", lambda: 0.0)
+    monkeypatch.setattr(tr, "_TORCH_THREADS", 1)  # OMP_NUM_THREADS=1, or one core: never more than that
+    assert tr.pick_threads() == 1
+    assert tr.pick_threads(3) == 3 == torch.get_num_threads()  # a number is taken as given
+
+
+@pytest.mark.skipif(not Path("/proc/stat").is_file(), reason="the probe reads /proc/stat (Linux)")
+def test_the_probe_sees_a_cpu_bound_neighbour():
+    "A real measurement: a child process that spins keeps about one CPU busy (more if the machine is busy too)."
+    import subprocess
+    import sys
+    import time
+
+    from gptbook.train import _busy_cpus
+
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        busy = _busy_cpus(0.5)
+    finally:
+        spin.kill()
+        spin.wait()
+    assert busy >= 0.7, busy
+
+
+def test_the_threads_flag_of_train_and_sample():
+    from gptbook.cli import build_parser
+
+    assert build_parser("train").parse_args(["train", "--threads", "1"]).threads == 1
+    assert build_parser("sample").parse_args(["sample", "out", "--threads", "2"]).threads == 2
+    with pytest.raises(OptionError, match="threads"):
+        TrainConfig(threads=-1)
+
+
+def test_after_ctrl_c_the_hint_is_the_last_thing_on_the_terminal(chars, tmp_path, capsys, monkeypatch):
+    "F14: the bar is closed before the resume hint is printed, so it is not drawn again below the hint."
+    import sys
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # a terminal: the bar is drawn
+    trainer = new_trainer(chars, tiny_cfg(tmp_path / "run", progress=True), tiny_config())
+    take_step = trainer.train_step
+
+    def ctrl_c_at_step_7():
+        if trainer.step == 7:
+            raise KeyboardInterrupt
+        return take_step()
+
+    trainer.train_step = ctrl_c_at_step_7
+    with pytest.raises(KeyboardInterrupt):
+        trainer.fit()
+    err = capsys.readouterr().err
+    assert "7/20" in err  # the bar was drawn
+    assert err.rstrip().endswith(f"continue with: gptbook train --out {tmp_path / 'run'} --resume"), err[-300:]
+
+
+def test_an_all_warmup_run_warns_in_one_line(chars, tmp_path, capsys):
+    "F14: a run with max_iters <= warmup_iters ends at the peak learning rate: one warning (the CLI: one line)."
+    import warnings
+
+    with pytest.warns(UserWarning, match="3 steps, 3 of warmup: the learning rate only rises"):
+        train(tiny_cfg(tmp_path / "a", max_iters=3, warmup_iters=3, eval_interval=3), tiny_config(), data=chars)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        train(tiny_cfg(tmp_path / "b", max_iters=4, warmup_iters=3, eval_interval=4), tiny_config(), data=chars)
+    from gptbook.cli import main
+
+    tiny = ["--n-layers", "1", "--n-heads", "2", "--d-model", "32", "--max-seq-len", "16", "--batch-size", "2"]
+    args = ["train", "--out", str(tmp_path / "c"), "--max-iters", "2", "--eval-interval", "2", "--eval-iters", "1"]
+    capsys.readouterr()
+    assert main([*args, "--threads", "1", "--no-progress", "--sample-tokens", "0", *tiny]) == 0
+    err = capsys.readouterr().err
+    assert err == "gptbook train: warning: 2 steps, 100 of warmup: the learning rate only rises\n", err
+
+
+def test_tensorboard_gets_the_metrics_of_metrics_jsonl(chars, tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run = tmp_path / "run"
+    train(tiny_cfg(run, max_iters=10, logger="tensorboard"), tiny_config(), data=chars)
+    events = EventAccumulator(str(run)).Reload()
+    for name in ("train_loss", "val_loss", "lr", "tokens_per_sec", "grad_norm", "ms_per_iter", "elapsed_s"):
+        written = [(r["iter"], r[name]) for r in read_metrics(run) if r[name] is not None]
+        logged = [(e.step, e.value) for e in events.Scalars(name)]
+        assert [s for s, _ in logged] == [s for s, _ in written], name
+        assert np.allclose([v for _, v in logged], [v for _, v in written], rtol=1e-6), name  # float32 in the file
+
+
+def test_without_a_logger_nothing_else_is_written(chars, tmp_path):
+    train(tiny_cfg(tmp_path / "run", max_iters=5), tiny_config(), data=chars)
+    assert not any("tfevents" in p.name for p in (tmp_path / "run").rglob("*"))
+
+
+def test_tensorboard_missing_is_one_line_naming_the_extra(chars, tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # as if tensorboard were not installed
+    one_line = r'^the tensorboard logger needs TensorBoard: pip install "gptbook\[tensorboard\]"$'
+    with pytest.raises(ImportError, match=one_line):
+        train(tiny_cfg(tmp_path / "run", max_iters=5, logger="tensorboard"), tiny_config(), data=chars)
+    assert not list_checkpoints(tmp_path / "run")
+
+
+def test_the_default_thread_count_is_counted_again_after_each_evaluation(chars, tmp_path, monkeypatch):
+    "A job that starts (or ends) during a run: the count follows at the next evaluation; records name each count."
+    from gptbook import train as tr
+
+    monkeypatch.setattr(tr.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(tr, "_TORCH_THREADS", 2)
+    busy = iter([0.0, 1.0, 0.0, 0.0])  # at the start, after step 5, after step 10, after step 15
+    monkeypatch.setattr(tr, "_busy_cpus", lambda: next(busy))
+    train(tiny_cfg(tmp_path / "run", threads=None, max_iters=15), tiny_config(), data=chars)
+    used = [re.search(r", (\d+) threads?,", r["machine"])[1] for r in read_metrics(tmp_path / "run")]
+    assert used == ["2", "2", "1", "2"]  # records at steps 0, 5, 10, 15: the threads of the steps before each

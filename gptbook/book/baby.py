@@ -56,7 +56,7 @@ def baby_run(tokenizer: Literal["char", "bpe"] = "char", *, cache_dir=None) -> P
     the checkpoint format's version and of what a metrics record holds.
     An unfinished run is resumed, a damaged one trained again; while another process trains it, this one waits."""
     cfg = baby_config(tokenizer)
-    decides = {k: v for k, v in cfg.to_dict().items() if k not in ("out_dir", "progress")}
+    decides = {k: v for k, v in cfg.to_dict().items() if k not in ("out_dir", "progress", "threads", "logger")}
     key = {"config": decides, "data_sha256": TINY_SHAKESPEARE_SHA256, "checkpoint_version": CKPT_VERSION}
     key["records"] = 2  # 2: each metrics record names its machine (an older cached run is trained again)
     blob = json.dumps(key, sort_keys=True).encode()
