@@ -95,7 +95,6 @@ def pick_threads(threads: int | None = None) -> int:
     torch.set_num_threads(threads)
     return threads
 
-
 # %% ../nbs/08_training.ipynb #9f0fda47
 @dataclass
 class TrainConfig(Options):
@@ -302,7 +301,6 @@ class Trainer:
                     self.tensorboard.add_scalar(name, value, record["iter"])
             self.tensorboard.flush()
 
-
 # %% ../nbs/08_training.ipynb #t8tbrd01
 #| code-fold: true
 def _tensorboard(folder: Path):
@@ -312,7 +310,6 @@ def _tensorboard(folder: Path):
     except ImportError:
         raise ImportError('the tensorboard logger needs TensorBoard: pip install "gptbook[tensorboard]"') from None
     return SummaryWriter(str(folder))
-
 
 # %% ../nbs/08_training.ipynb #02c5263b
 #| code-fold: true
@@ -403,6 +400,8 @@ def _configs(cfg: TrainConfig | None, model_config: GPTConfig | None, state: dic
     cfg = cfg or TrainConfig()
     if cfg.data_path:  # stored absolute, so that the run resumes from any working directory
         cfg = cfg.replace(data_path=str(Path(cfg.data_path).expanduser().resolve()))
+    if cfg.tokenizer not in ("char", "bpe"):  # a tokenizer file: the same
+        cfg = cfg.replace(tokenizer=str(Path(cfg.tokenizer).expanduser().resolve()))
     if not cfg.init_from:
         return cfg, model_config, None, None
     init = pretrained(cfg.init_from, cfg.model_overrides)

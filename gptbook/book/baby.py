@@ -59,6 +59,7 @@ def baby_run(tokenizer: Literal["char", "bpe"] = "char", *, cache_dir=None) -> P
     decides = {k: v for k, v in cfg.to_dict().items() if k not in ("out_dir", "progress", "threads", "logger")}
     key = {"config": decides, "data_sha256": TINY_SHAKESPEARE_SHA256, "checkpoint_version": CKPT_VERSION}
     key["records"] = 2  # 2: each metrics record names its machine (an older cached run is trained again)
+    key |= {"bpe_pattern": "gpt2"} if tokenizer == "bpe" else {}  # --tokenizer bpe splits as GPT-2 does
     blob = json.dumps(key, sort_keys=True).encode()
     folder = Path(cache_dir or data_cache_dir()) / "runs" / f"baby-{tokenizer}-{hashlib.sha256(blob).hexdigest()[:12]}"
     shown = str(folder).replace(str(Path.home()), "~", 1)
