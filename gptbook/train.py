@@ -87,11 +87,11 @@ def _busy_cpus(seconds: float = 0.2) -> float:
     return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK") / seconds  # all but idle and iowait
 
 
-def pick_threads(threads: int | None = None) -> int:
-    "Set PyTorch's CPU threads to `threads`, or (None, 0) to the idle CPUs (at least 1, at most PyTorch's count)."
+def pick_threads(threads: int | None = None, most: int | None = None) -> int:
+    "Set PyTorch's CPU threads to `threads`, or (None, 0) to the idle CPUs (at least 1, at most `most`)."
     if not threads:
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        threads = max(1, min(_TORCH_THREADS, cpus - round(_busy_cpus())))
+        threads = max(1, min(most or _TORCH_THREADS, cpus - round(_busy_cpus())))
     torch.set_num_threads(threads)
     return threads
 
@@ -178,6 +178,7 @@ class Trainer:
         self.cfg, self.data, (self.rank, _, self.world_size) = cfg, data, ranks or Ranks()
         self.is_main = self.rank == 0  # rank 0 alone prints, writes metrics and saves checkpoints
         self.device, self.dtype = _device_and_dtype(cfg, (ranks or Ranks()).local_rank)
+        self.max_threads = torch.get_num_threads()  # the caller's CPU threads: the most the default takes
         self.model = model.to(self.device)  # plain: its state_dict is what checkpoints hold
         self.context_len = cfg.context_len or model.config.max_seq_len
         self.optimizer = make_optimizer(model, cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2), self.device.type)
@@ -276,7 +277,7 @@ class Trainer:
                     if self.step > 0:
                         self.save()
                         if not self.cfg.threads and self.device.type == "cpu":
-                            pick_threads()  # other jobs may have come or gone since the last evaluation
+                            pick_threads(None, self.max_threads)  # other jobs may have come or gone since
                 if self.step >= end:
                     return self.history
                 progress.step(self.train_step())
@@ -439,7 +440,7 @@ def train(cfg=None, model_config=None, *, resume=False, data=None, overwrite=Fal
         if trainer.step >= trainer.cfg.max_iters:
             print(f"note: {run_dir} is at step {trainer.step}: raise --max-iters to train further", file=sys.stderr)
             return trainer
-        pick_threads(trainer.cfg.threads)  # before the header, which prints the count
+        pick_threads(trainer.cfg.threads, trainer.max_threads)  # before the header, which prints the count
         t0 = time.perf_counter()
         if trainer.is_main:
             print(header(trainer, state), flush=True)
@@ -454,6 +455,7 @@ def train(cfg=None, model_config=None, *, resume=False, data=None, overwrite=Fal
         trainer.fit()
         if trainer.is_main:
             print(summary(trainer, time.perf_counter() - t0), flush=True)
+        torch.set_num_threads(trainer.max_threads)  # the caller's count again
         if ranks.world_size > 1:
             dist.barrier()  # leave together: a rank whose peer has gone aborts in gloo's teardown
     return trainer

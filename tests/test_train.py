@@ -597,7 +597,7 @@ def test_init_from_refuses_what_the_weights_fix(field, value):
 def test_threads_are_set_and_the_header_prints_the_count_used(chars, tmp_path, capsys):
     train(tiny_cfg(tmp_path / "run", threads=2, max_iters=5), tiny_config(), data=chars)
     assert ", 2 threads, torch " in capsys.readouterr().out
-    assert torch.get_num_threads() == 2  # the one_thread fixture restores the count after the test
+    assert torch.get_num_threads() == 1  # train gives the caller's count back (the one_thread fixture's)
 
 
 def test_the_default_thread_count_leaves_the_busy_cpus_alone(monkeypatch):
@@ -721,6 +721,20 @@ def test_the_default_thread_count_is_counted_again_after_each_evaluation(chars, 
     monkeypatch.setattr(tr, "_TORCH_THREADS", 2)
     busy = iter([0.0, 1.0, 0.0, 0.0])  # at the start, after step 5, after step 10, after step 15
     monkeypatch.setattr(tr, "_busy_cpus", lambda: next(busy))
+    torch.set_num_threads(2)  # the caller's count: the most the default takes, and the count train gives back
     train(tiny_cfg(tmp_path / "run", threads=None, max_iters=15), tiny_config(), data=chars)
     used = [re.search(r", (\d+) threads?,", r["machine"])[1] for r in read_metrics(tmp_path / "run")]
     assert used == ["2", "2", "1", "2"]  # records at steps 0, 5, 10, 15: the threads of the steps before each
+    assert torch.get_num_threads() == 2
+
+
+def test_the_default_thread_count_never_exceeds_the_callers(chars, tmp_path, monkeypatch):
+    "A caller that set torch.set_num_threads(1) keeps one thread, even on an idle machine, and gets it back."
+    from gptbook import train as tr
+
+    monkeypatch.setattr(tr, "_busy_cpus", lambda: 0.0)
+    monkeypatch.setattr(tr, "_TORCH_THREADS", 2)
+    torch.set_num_threads(1)  # (the one_thread fixture's count)
+    train(tiny_cfg(tmp_path / "run", threads=None, max_iters=10), tiny_config(), data=chars)
+    used = {re.search(r", (\d+) threads?,", r["machine"])[1] for r in read_metrics(tmp_path / "run")}
+    assert used == {"1"} and torch.get_num_threads() == 1
