@@ -14,10 +14,14 @@ import platform
 import shutil
 import stat
 import sys
+import time
 from pathlib import Path
 from typing import NamedTuple
 
 import torch
+from tqdm.auto import tqdm
+from tqdm.autonotebook import tqdm as picked_tqdm  # what tqdm.auto chose: the notebook bar or the console one
+from tqdm.std import tqdm as console_tqdm
 
 import gptbook
 
@@ -37,7 +41,52 @@ from .model import pick_device, pick_dtype
 from .options import OptionError
 
 # %% auto #0
-__all__ = ['TrainingDiverged', 'check_evaluation', 'LOCK', 'METRICS', 'CONFIG', 'STAGING', 'FIXED_BY_WEIGHTS', 'FIXED_ON_RESUME', 'NOT_SHAPE', 'RunLocked', 'run_lock', 'append_metrics', 'read_metrics', 'trim_metrics', 'save_run_config', 'load_run_config', 'start_run', 'commit_run', 'check_same_data', 'run_data', 'check_fits', 'last_good', 'interrupted', 'machine', 'header', 'summary', 'Pretrained', 'pretrained']
+__all__ = ['pick_threads', 'tensorboard_writer', 'to_tensorboard', 'TrainingDiverged', 'check_evaluation', 'Progress', 'LOCK', 'METRICS', 'CONFIG', 'STAGING', 'FIXED_BY_WEIGHTS', 'FIXED_ON_RESUME', 'NOT_SHAPE', 'RunLocked', 'run_lock', 'append_metrics', 'read_metrics', 'trim_metrics', 'save_run_config', 'load_run_config', 'start_run', 'commit_run', 'check_same_data', 'run_data', 'check_fits', 'last_good', 'interrupted', 'machine', 'header', 'summary', 'Pretrained', 'pretrained']
+
+# %% ../nbs/08_training.ipynb #t8thr002
+#| code-fold: true
+_TORCH_THREADS = torch.get_num_threads()  # PyTorch's own count (its cores, or OMP_NUM_THREADS), before any change
+
+
+def _busy_cpus(seconds: float = 0.2) -> float:
+    "CPUs kept busy by other processes over `seconds` (Linux: /proc/stat; elsewhere the load average, or 0)."
+    try:
+        with open("/proc/stat") as f:
+            before = [int(x) for x in f.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
+        time.sleep(seconds)  # this process idles meanwhile: what is busy is the others
+        with open("/proc/stat") as f:
+            after = [int(x) for x in f.readline().split()[1:9]]
+    except OSError:
+        return os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    ticks = [b - a for a, b in zip(before, after)]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK") / seconds  # all but idle and iowait
+
+
+def pick_threads(threads: int | None = None, most: int | None = None) -> int:
+    "Set PyTorch's CPU threads to `threads`, or (None, 0) to the idle CPUs (at least 1, at most `most`)."
+    if not threads:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        threads = max(1, min(most or _TORCH_THREADS, cpus - round(_busy_cpus())))
+    torch.set_num_threads(threads)
+    return threads
+
+# %% ../nbs/08_training.ipynb #t8tbrd01
+#| code-fold: true
+def tensorboard_writer(folder: Path):
+    "A TensorBoard writer into `folder` (PyTorch's `SummaryWriter`, which needs the tensorboard package)."
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise ImportError('the tensorboard logger needs TensorBoard: pip install "gptbook[tensorboard]"') from None
+    return SummaryWriter(str(folder))
+
+
+def to_tensorboard(writer, record: dict) -> None:
+    "The numbers of a metrics record, one TensorBoard scalar each at the record's step."
+    for name, value in record.items():
+        if isinstance(value, (int, float)) and name != "iter":
+            writer.add_scalar(name, value, record["iter"])
+    writer.flush()
 
 # %% ../nbs/08_training.ipynb #acb507b8
 #| code-fold: true
@@ -56,6 +105,50 @@ def check_evaluation(record: dict, history: list[dict], factor: float, out_dir: 
         f"the evaluation at step {step} gives train loss {train:.4g}, val loss {val:.4g}{over}: "
         f"the run diverged, and step {step} was not saved. " + last_good(out_dir)
     )
+
+# %% ../nbs/08_training.ipynb #02c5263b
+#| code-fold: true
+class Progress:
+    "What a run shows as it goes (a bar on a terminal, a line every 10% in a log) and the timing of its records."
+
+    def __init__(self, trainer):  # a Trainer
+        self.trainer, self.start = trainer, time.perf_counter()
+        self.t0, self.seconds, self.grad_norms = self.start, 0.0, []  # the training steps since the last record
+        self.shown = trainer.cfg.progress and trainer.is_main
+        terminal = sys.stderr.isatty() or picked_tqdm is not console_tqdm  # a terminal, or a notebook with widgets
+        self.bar = tqdm(total=trainer.cfg.max_iters, initial=trainer.step, disable=not (self.shown and terminal))
+
+    def step(self, stats: dict) -> None:
+        "Count one training step; show the loss, the learning rate and the throughput (on a bar every 10 steps)."
+        t, now = self.trainer, time.perf_counter()
+        self.seconds, self.t0 = self.seconds + now - self.t0, now
+        self.grad_norms.append(stats["grad_norm"])
+        self.bar.update(1)
+        tok_s = t.tokens_per_step * len(self.grad_norms) / self.seconds
+        shown = f"loss {stats['loss']:.4f}, lr {stats['lr']:.1e}, {tok_s:,.0f} tokens/s"
+        if t.step % 10 == 0:
+            self.bar.set_postfix_str(shown, refresh=False)
+        if self.bar.disable and self.shown and t.step % max(1, t.cfg.max_iters // 10) == 0:  # a log: ten lines
+            print(f"step {t.step}/{t.cfg.max_iters} ({100 * t.step // t.cfg.max_iters}%): {shown}", flush=True)
+
+    def record(self, losses: dict) -> dict:
+        "The metrics record of the evaluation `losses` at this step (printed on rank 0); the interval starts anew."
+        t, n, seconds = self.trainer, len(self.grad_norms), self.seconds
+        record = {"iter": t.step, "train_loss": losses["train"], "val_loss": losses["val"]}
+        record["lr"] = t.cfg.lr_at(max(t.step - 1, 0))  # the rate of the last step taken (of the next one at 0)
+        record["tokens_per_sec"] = n * t.tokens_per_step / seconds if n else 0.0
+        record |= {
+            "grad_norm": sum(self.grad_norms) / n if n else None,
+            "ms_per_iter": 1000 * seconds / n if n else None,
+            "machine": machine(t.device),  # what the timings were measured on
+        }
+        record["elapsed_s"] = time.perf_counter() - self.start
+        if t.is_main:
+            msg = f"step {t.step}: train loss {record['train_loss']:.4f}, val loss {record['val_loss']:.4f}"
+            msg += f", {record['tokens_per_sec']:,.0f} tokens/s, {record['ms_per_iter']:.1f} ms/step" if n else ""
+            self.bar.write(msg) if not self.bar.disable else print(msg, flush=True)
+        self.t0, self.seconds, self.grad_norms = time.perf_counter(), 0.0, []
+        return record
 
 # %% ../nbs/A2_checkpoints.ipynb #7be1241f
 LOCK, METRICS, CONFIG = ".lock", "metrics.jsonl", "config.json"

@@ -21,9 +21,6 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
-from tqdm.auto import tqdm
-from tqdm.autonotebook import tqdm as picked_tqdm  # what tqdm.auto chose: the notebook bar or the console one
-from tqdm.std import tqdm as console_tqdm
 
 import gptbook
 from .checkpoint import checkpoint_tokenizer, load_training_state, load_weights, read_state, save_checkpoint
@@ -33,11 +30,10 @@ from .model import GPT, autocast, lm_loss, pick_device, pick_dtype
 from .options import OptionError, Options, option
 from .runs import FIXED_BY_WEIGHTS, FIXED_ON_RESUME, append_metrics, check_fits, commit_run, header, interrupted
 from .runs import TrainingDiverged, check_evaluation, last_good, pretrained, run_data, run_lock, save_run_config
-from .runs import machine, start_run, summary, trim_metrics
+from .runs import Progress, pick_threads, start_run, summary, tensorboard_writer, to_tensorboard, trim_metrics
 
 # %% auto #0
-__all__ = ['lr_at', 'param_groups', 'make_optimizer', 'pick_threads', 'TrainConfig', 'Ranks', 'Trainer', 'init_distributed',
-           'train']
+__all__ = ['lr_at', 'param_groups', 'make_optimizer', 'TrainConfig', 'Ranks', 'Trainer', 'init_distributed', 'train']
 
 # %% ../nbs/08_training.ipynb #d3808619
 def lr_at(it: int, max_lr: float, warmup_iters: int, max_iters: int, min_lr: float) -> float:
@@ -68,32 +64,6 @@ def make_optimizer(
     "AdamW over `param_groups(model, weight_decay)`, fused into one kernel on CUDA."
     fused = True if device_type == "cuda" else None
     return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=tuple(betas), fused=fused)
-
-# %% ../nbs/08_training.ipynb #t8thr002
-_TORCH_THREADS = torch.get_num_threads()  # PyTorch's own count (its cores, or OMP_NUM_THREADS), before any change
-
-
-def _busy_cpus(seconds: float = 0.2) -> float:
-    "CPUs kept busy by other processes over `seconds` (Linux: /proc/stat; elsewhere the load average, or 0)."
-    try:
-        with open("/proc/stat") as f:
-            before = [int(x) for x in f.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
-        time.sleep(seconds)  # this process idles meanwhile: what is busy is the others
-        with open("/proc/stat") as f:
-            after = [int(x) for x in f.readline().split()[1:9]]
-    except OSError:
-        return os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-    ticks = [b - a for a, b in zip(before, after)]
-    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK") / seconds  # all but idle and iowait
-
-
-def pick_threads(threads: int | None = None, most: int | None = None) -> int:
-    "Set PyTorch's CPU threads to `threads`, or (None, 0) to the idle CPUs (at least 1, at most `most`)."
-    if not threads:
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        threads = max(1, min(most or _TORCH_THREADS, cpus - round(_busy_cpus())))
-    torch.set_num_threads(threads)
-    return threads
 
 # %% ../nbs/08_training.ipynb #9f0fda47
 @dataclass
@@ -129,7 +99,9 @@ class TrainConfig(Options):
     diverge_factor: float = option(3.0, "stop when the val loss exceeds this times the best", min=1, min_open=True)
     progress: bool = option(True, "a progress bar (rank 0; without a terminal: a line every 10% of the run)")
     logger: Literal["tensorboard"] | None = option(None, "also write the metrics for TensorBoard, into out_dir")
-    init_from: str | None = option(None, "start from the weights of a run or Hugging Face folder", metavar="DIR")
+    init_from: str | None = option(
+        None, "start from the weights of a run, a Hugging Face folder or a hub name (gpt2)", metavar="RUN|HF"
+    )
 
     def check(self) -> None:
         "`model_overrides` may name only `GPTConfig` fields; `init_from`'s weights fix the preset and the tokenizer."
@@ -192,7 +164,7 @@ class Trainer:
         self.history: list[dict] = []  # one record per evaluation, as in metrics.jsonl
         self.out_dir = Path(cfg.out_dir)  # where checkpoints and metrics go
         self.meta: dict = {}  # entries of every checkpoint's state.json (train adds the data's SHA-256)
-        self.tensorboard = _tensorboard(self.out_dir) if cfg.logger and self.is_main else None
+        self.tensorboard = tensorboard_writer(self.out_dir) if cfg.logger and self.is_main else None
 
     @property
     def tokens_per_step(self) -> int:
@@ -269,7 +241,7 @@ class Trainer:
         end = min(stop_at or self.cfg.max_iters, self.cfg.max_iters)
         if self.is_main:
             save_run_config(self.out_dir, self.cfg.to_dict(), self.model.config.to_dict())
-        progress = _Progress(self)
+        progress = Progress(self)
         try:
             while True:
                 if (self.step % self.cfg.eval_interval == 0 or self.step == end) and self.step != self.last_eval_step:
@@ -278,6 +250,7 @@ class Trainer:
                         self.save()
                         if not self.cfg.threads and self.device.type == "cpu":
                             pick_threads(None, self.max_threads)  # other jobs may have come or gone since
+                    progress.t0 = time.perf_counter()  # saving and counting threads are not training time
                 if self.step >= end:
                     return self.history
                 progress.step(self.train_step())
@@ -297,64 +270,7 @@ class Trainer:
         if self.is_main:
             append_metrics(self.out_dir, record)
         if self.tensorboard is not None:  # the same numbers, one TensorBoard scalar each
-            for name, value in record.items():
-                if isinstance(value, (int, float)) and name != "iter":
-                    self.tensorboard.add_scalar(name, value, record["iter"])
-            self.tensorboard.flush()
-
-# %% ../nbs/08_training.ipynb #t8tbrd01
-#| code-fold: true
-def _tensorboard(folder: Path):
-    "A TensorBoard writer into `folder` (PyTorch's `SummaryWriter`, which needs the tensorboard package)."
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        raise ImportError('the tensorboard logger needs TensorBoard: pip install "gptbook[tensorboard]"') from None
-    return SummaryWriter(str(folder))
-
-# %% ../nbs/08_training.ipynb #02c5263b
-#| code-fold: true
-class _Progress:
-    "What a run shows as it goes (a bar on a terminal, a line every 10% in a log) and the timing of its records."
-
-    def __init__(self, trainer: Trainer):
-        self.trainer, self.start = trainer, time.perf_counter()
-        self.t0, self.seconds, self.grad_norms = self.start, 0.0, []  # the training steps since the last record
-        self.shown = trainer.cfg.progress and trainer.is_main
-        terminal = sys.stderr.isatty() or picked_tqdm is not console_tqdm  # a terminal, or a notebook with widgets
-        self.bar = tqdm(total=trainer.cfg.max_iters, initial=trainer.step, disable=not (self.shown and terminal))
-
-    def step(self, stats: dict) -> None:
-        "Count one training step; show the loss, the learning rate and the throughput (on a bar every 10 steps)."
-        t, now = self.trainer, time.perf_counter()
-        self.seconds, self.t0 = self.seconds + now - self.t0, now
-        self.grad_norms.append(stats["grad_norm"])
-        self.bar.update(1)
-        tok_s = t.tokens_per_step * len(self.grad_norms) / self.seconds
-        shown = f"loss {stats['loss']:.4f}, lr {stats['lr']:.1e}, {tok_s:,.0f} tokens/s"
-        if t.step % 10 == 0:
-            self.bar.set_postfix_str(shown, refresh=False)
-        if self.bar.disable and self.shown and t.step % max(1, t.cfg.max_iters // 10) == 0:  # a log: ten lines
-            print(f"step {t.step}/{t.cfg.max_iters} ({100 * t.step // t.cfg.max_iters}%): {shown}", flush=True)
-
-    def record(self, losses: dict) -> dict:
-        "The metrics record of the evaluation `losses` at this step (printed on rank 0); the interval starts anew."
-        t, n, seconds = self.trainer, len(self.grad_norms), self.seconds
-        record = {"iter": t.step, "train_loss": losses["train"], "val_loss": losses["val"]}
-        record["lr"] = t.cfg.lr_at(max(t.step - 1, 0))  # the rate of the last step taken (of the next one at 0)
-        record["tokens_per_sec"] = n * t.tokens_per_step / seconds if n else 0.0
-        record |= {
-            "grad_norm": sum(self.grad_norms) / n if n else None,
-            "ms_per_iter": 1000 * seconds / n if n else None,
-            "machine": machine(t.device),  # what the timings were measured on
-        }
-        record["elapsed_s"] = time.perf_counter() - self.start
-        if t.is_main:
-            msg = f"step {t.step}: train loss {record['train_loss']:.4f}, val loss {record['val_loss']:.4f}"
-            msg += f", {record['tokens_per_sec']:,.0f} tokens/s, {record['ms_per_iter']:.1f} ms/step" if n else ""
-            self.bar.write(msg) if not self.bar.disable else print(msg, flush=True)
-        self.t0, self.seconds, self.grad_norms = time.perf_counter(), 0.0, []
-        return record
+            to_tensorboard(self.tensorboard, record)
 
 # %% ../nbs/08_training.ipynb #3fd58852
 def init_distributed() -> Ranks:

@@ -602,7 +602,7 @@ def test_threads_are_set_and_the_header_prints_the_count_used(chars, tmp_path, c
 
 def test_the_default_thread_count_leaves_the_busy_cpus_alone(monkeypatch):
     "None or 0: the CPUs this process may use, less those other jobs keep busy; at least 1, at most torch's count."
-    from gptbook import train as tr
+    from gptbook import runs as tr
 
     monkeypatch.setattr(tr.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     monkeypatch.setattr(tr, "_TORCH_THREADS", 2)
@@ -623,7 +623,7 @@ def test_the_probe_sees_a_cpu_bound_neighbour():
     import sys
     import time
 
-    from gptbook.train import _busy_cpus
+    from gptbook.runs import _busy_cpus
 
     spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
@@ -715,7 +715,7 @@ def test_tensorboard_missing_is_one_line_naming_the_extra(chars, tmp_path, monke
 
 def test_the_default_thread_count_is_counted_again_after_each_evaluation(chars, tmp_path, monkeypatch):
     "A job that starts (or ends) during a run: the count follows at the next evaluation; records name each count."
-    from gptbook import train as tr
+    from gptbook import runs as tr
 
     monkeypatch.setattr(tr.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     monkeypatch.setattr(tr, "_TORCH_THREADS", 2)
@@ -730,7 +730,7 @@ def test_the_default_thread_count_is_counted_again_after_each_evaluation(chars, 
 
 def test_the_default_thread_count_never_exceeds_the_callers(chars, tmp_path, monkeypatch):
     "A caller that set torch.set_num_threads(1) keeps one thread, even on an idle machine, and gets it back."
-    from gptbook import train as tr
+    from gptbook import runs as tr
 
     monkeypatch.setattr(tr, "_busy_cpus", lambda: 0.0)
     monkeypatch.setattr(tr, "_TORCH_THREADS", 2)
