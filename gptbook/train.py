@@ -317,7 +317,7 @@ def _configs(cfg: TrainConfig | None, model_config: GPTConfig | None, state: dic
     cfg = cfg or TrainConfig()
     if cfg.data_path:  # stored absolute, so that the run resumes from any working directory
         cfg = cfg.replace(data_path=str(Path(cfg.data_path).expanduser().resolve()))
-    if cfg.tokenizer not in ("char", "bpe"):  # a tokenizer file: the same
+    if cfg.tokenizer not in ("char", "bpe") and Path(cfg.tokenizer).expanduser().is_file():  # a tokenizer file too
         cfg = cfg.replace(tokenizer=str(Path(cfg.tokenizer).expanduser().resolve()))
     if not cfg.init_from:
         return cfg, model_config, None, None
