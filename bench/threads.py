@@ -16,6 +16,7 @@ and run there. Writes bench/results/threads.json.
 """
 
 import argparse
+import importlib.util
 import json
 import os
 import pickle
@@ -33,18 +34,20 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "threads.json"
 TOKENS_PER_STEP = 12 * 64
 NANOGPT_FILES = ["train.py", "model.py", "configurator.py"]
-NANOGPT_FLAGS = [  # nanoGPT README's CPU "baby GPT" with gptbook's baby settings (lr 1e-3, beta2 0.99, no dropout)
-    "--device=cpu",
-    "--compile=False",
-    "--dataset=shakespeare_char",
+
+
+def _bench_train():
+    "bench/train.py as a module (the name `train` is taken by the package)."
+    spec = importlib.util.spec_from_file_location("bench_train", ROOT / "bench" / "train.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+NANOGPT_FLAGS = [  # nanoGPT README's CPU "baby GPT" (bench/train.py's list) with gptbook's baby settings
+    *(flag for flag in _bench_train().NANOGPT_CPU_FLAGS if not flag.startswith("--eval_iters")),
     "--eval_iters=1",
-    "--log_interval=1",
-    "--block_size=64",
-    "--batch_size=12",
-    "--n_layer=4",
-    "--n_head=4",
-    "--n_embd=128",
-    "--dropout=0.0",
+    "--dataset=shakespeare_char",
     "--bias=True",  # the same model as gptbook's baby: GPT-2 style, with biases (nanoGPT's default: none)
     "--gradient_accumulation_steps=1",
     "--learning_rate=1e-3",
