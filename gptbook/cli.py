@@ -155,8 +155,8 @@ def _add_train_args(p: argparse.ArgumentParser, preset: str | None = None) -> di
     "All flags of `gptbook train`, the model's defaults those of `preset`; returns {field: flag} for the configs."
     from gptbook.train import TrainConfig  # only `gptbook train` loads the trainer
 
-    flags = add_options(p, TrainConfig, "training (TrainConfig)")
     preset = preset if preset in PRESETS else TrainConfig.preset  # a bad name: argparse names it, below
+    flags = add_options(p, TrainConfig, "training (TrainConfig)", TrainConfig.from_preset(preset).to_dict())
     shown = {**GPTConfig.from_preset(preset, 1).to_dict(), "vocab_size": "the tokenizer's size"}
     model_flags = add_options(p, GPTConfig, f"model (GPTConfig: the {preset} preset unless given)", shown)
     run = p.add_argument_group("run")
@@ -199,7 +199,8 @@ def config_from_args(args):
     if init_from and (fixed := [k for k in train_given if k in FIXED_BY_WEIGHTS]):
         raise ValueError(f"--init-from {init_from} fixes the model and its tokenizer: drop {_flags(args, fixed)}")
     overrides = {**(saved["model_config"] or saved["train_config"].get("model_overrides", {})), **model_given}
-    return TrainConfig.from_dict({**saved["train_config"], **train_given, "model_overrides": overrides})
+    preset = train_given.get("preset", saved["train_config"].get("preset", TrainConfig.preset))
+    return TrainConfig.from_preset(preset, **{**saved["train_config"], **train_given, "model_overrides": overrides})
 
 # %% ../nbs/A4_cli.ipynb #c632cc04
 def _print_sample(model, tokenizer, n: int, seed: int, prompt: str = "\n"):

@@ -16,7 +16,7 @@ from .positions import PositionKind
 __all__ = ['PRESETS', 'GPTConfig']
 
 # %% ../nbs/06_model.ipynb #2c92c3b3
-PRESETS = ("baby", "gpt2-small", "llama-style")
+PRESETS = ("baby", "gpt2-small", "llama-style", "speedrun")  # speedrun: the baby, trained by chapter 15's recipe
 
 
 @dataclass
@@ -105,7 +105,7 @@ class GPTConfig(Options):
         "The config of preset `name` (one of `PRESETS`) for `vocab_size` ids, with `overrides` (any field) applied."
         if name not in PRESETS:
             raise OptionError("preset", f"unknown preset {name!r}: use one of {', '.join(PRESETS)}")
-        preset = {"baby": cls.baby, "gpt2-small": cls.gpt2_small, "llama-style": cls.llama_style}[name]
+        preset = {"gpt2-small": cls.gpt2_small, "llama-style": cls.llama_style}.get(name, cls.baby)
         return cls.from_dict({**preset(vocab_size=vocab_size).to_dict(), **overrides})
 
 # %% ../nbs/06_model.ipynb #74265209

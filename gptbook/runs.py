@@ -35,6 +35,7 @@ from .checkpoint import read_state
 from .config import GPTConfig
 from .corpus import TINY_SHAKESPEARE_SHA256, tiny_shakespeare_path
 from .data import TokenData, load_token_data
+from .faster import matmul_flops
 from .files import atomic_write, memory_bytes, read_json, remove_dir, sha256_of
 from .hf import hf_folder, hf_pretrained
 from .model import pick_device, pick_dtype
@@ -486,6 +487,22 @@ def summary(trainer, seconds: float) -> str:
         f"done in {seconds:.1f} s at step {trainer.step}: "
         + (f"best val loss {best:.4f}" if best is not None else "no evaluation")
         + f"\ncheckpoint: {ckpts[-1] if ckpts else 'none'}\nmetrics: {trainer.out_dir / 'metrics.jsonl'}"
+        + _speed(trainer)
+    )
+
+
+def _speed(trainer) -> str:
+    "On a CPU: the model's matmul FLOP/s over the timed steps, and its share of a matmul's measured now (chapter 15)."
+    h = trainer.history
+    timed = [(r["iter"] - q["iter"], r["ms_per_iter"] / 1000) for q, r in zip(h, h[1:]) if r["ms_per_iter"]]
+    if trainer.device.type != "cpu" or not timed:
+        return ""
+    steps_per_sec = sum(n for n, _ in timed) / sum(n * s for n, s in timed)
+    flops = trainer.model.flops_per_token(trainer.context_len) * trainer.tokens_per_step * steps_per_sec
+    ceiling, threads = matmul_flops(), torch.get_num_threads()
+    return (
+        f"\nspeed: {flops / 1e9:.1f} GFLOP/s in the model's matmuls, {flops / ceiling:.0%} of the "
+        f"{ceiling / 1e9:.0f} GFLOP/s of a 1024 x 1024 matmul on {threads} thread{'s' * (threads > 1)}"
     )
 
 # %% ../nbs/A2_checkpoints.ipynb #cd3427f1

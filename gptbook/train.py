@@ -26,6 +26,7 @@ import gptbook
 from .checkpoint import checkpoint_tokenizer, load_training_state, load_weights, read_state, save_checkpoint
 from .config import GPTConfig
 from .data import TokenData, get_batch
+from .faster import SPEEDRUN, Muon, muon_groups
 from .model import GPT, autocast, lm_loss, pick_device, pick_dtype
 from .options import OptionError, Options, option
 from .runs import FIXED_BY_WEIGHTS, FIXED_ON_RESUME, append_metrics, check_fits, commit_run, header, interrupted
@@ -59,9 +60,16 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 # %% ../nbs/08_training.ipynb #e1476f14
 def make_optimizer(
-    model: nn.Module, lr: float = 1e-3, weight_decay: float = 0.1, betas=(0.9, 0.99), device_type: str = "cpu"
-) -> torch.optim.AdamW:
-    "AdamW over `param_groups(model, weight_decay)`, fused into one kernel on CUDA."
+    model: nn.Module,
+    lr: float = 1e-3,
+    weight_decay: float = 0.1,
+    betas=(0.9, 0.99),
+    device_type: str = "cpu",
+    muon_lr: float | None = None,
+) -> torch.optim.Optimizer:
+    "AdamW over `param_groups(model, weight_decay)`, fused on CUDA; with `muon_lr`, `Muon` for the blocks (chapter 15)."
+    if muon_lr is not None:
+        return Muon(muon_groups(model, lr, muon_lr, weight_decay), betas=tuple(betas))
     fused = True if device_type == "cuda" else None
     return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=tuple(betas), fused=fused)
 
@@ -71,7 +79,9 @@ class TrainConfig(Options):
     "Everything about a training run except the model's shape (that is `GPTConfig`). Defaults: the CPU baby run."
 
     out_dir: str = option("out", "run folder: config, metrics, checkpoints ckpt_N/", flag="--out", metavar="DIR")
-    preset: Literal["baby", "gpt2-small", "llama-style"] = option("baby", "model preset, changed by model_overrides")
+    preset: Literal["baby", "gpt2-small", "llama-style", "speedrun"] = option(
+        "baby", "model preset, changed by model_overrides; speedrun: the baby and its recipe (chapter 15)"
+    )
     model_overrides: dict = option(help="GPTConfig fields that differ from the preset", cli=False, default_factory=dict)
     tokenizer: str = option("char", "char, bpe (with GPT-2's pattern) or a tokenizer file", metavar="{char,bpe,PATH}")
     bpe_vocab_size: int = option(512, "ids of the bpe tokenizer", min=256, why="the 256 bytes come first")
@@ -82,6 +92,8 @@ class TrainConfig(Options):
     grad_accum: int = option(1, "micro-steps per optimizer step (batch: batch_size x this x processes)", min=1)
     max_iters: int = option(2000, "optimizer steps", min=1, why="a run that takes no step saves nothing")
     lr: float = option(1e-3, "peak learning rate (1e-3: nanoGPT's character model)", min=0, min_open=True)
+    optimizer: Literal["adamw", "muon"] = option("adamw", "muon: Muon for the blocks' matrices, AdamW for the rest")
+    muon_lr: float = option(0.02, "Muon's peak learning rate (the schedule scales it with lr)", min=0, min_open=True)
     min_lr_ratio: float = option(0.1, "the cosine ends at this fraction of the peak", min=0, max=1)
     warmup_iters: int = option(100, "linear warmup steps (about 2,000 at GPT-2 scale)", min=0)
     weight_decay: float = option(0.1, "AdamW's decay of the weight matrices (see param_groups)", min=0)
@@ -112,6 +124,11 @@ class TrainConfig(Options):
             )
         if unknown := sorted(set(self.model_overrides) - {f.name for f in fields(GPTConfig)}):
             raise OptionError("model_overrides", f"model_overrides has unknown GPTConfig field(s) {', '.join(unknown)}")
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides) -> "TrainConfig":
+        "The run of preset `name`: its model, and for speedrun its training settings (`SPEEDRUN`); then `overrides`."
+        return cls.from_dict({**(SPEEDRUN if name == "speedrun" else {}), "preset": name, **overrides})
 
     def lr_at(self, step: int) -> float:
         "This run's learning rate at step `step` (counted from 0)."
@@ -153,7 +170,8 @@ class Trainer:
         self.max_threads = torch.get_num_threads()  # the caller's CPU threads: the most the default takes
         self.model = model.to(self.device)  # plain: its state_dict is what checkpoints hold
         self.context_len = cfg.context_len or model.config.max_seq_len
-        self.optimizer = make_optimizer(model, cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2), self.device.type)
+        muon_lr = cfg.muon_lr if cfg.optimizer == "muon" else None
+        self.optimizer = make_optimizer(model, cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2), self.device.type, muon_lr)
         self.compiled_model = torch.compile(model) if cfg.compile else model  # what forward passes run
         self.ddp_model = self.compiled_model  # what training steps run
         if self.world_size > 1:
@@ -181,7 +199,7 @@ class Trainer:
         "One optimizer step over `grad_accum` micro-batches; returns its loss, pre-clip gradient norm and lr."
         cfg, lr = self.cfg, self.cfg.lr_at(self.step)
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group.get("lr_scale", 1.0)  # Muon's matrices: muon_lr / lr times the schedule
         loss_sum = torch.zeros((), device=self.device)
         for micro in range(cfg.grad_accum):
             x, y = self.batch("train")  # (B, T) each
