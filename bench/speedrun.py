@@ -6,8 +6,10 @@ split of Tiny Shakespeare (`gptbook eval`), in at most half the training time of
 
 Each row of the record table (ROWS) is `gptbook train` with its flags, run for --seeds seeds one after the other
 at 2 threads; then `gptbook eval` scores it on the validation text. nanoGPT runs --nanogpt-runs times, between the
-rows. The changes that were tried on top of the last row (TRIED) run at 1 thread, two side by side, 2 seeds each:
-their losses compare, their times do not.
+rows. The changes that were tried on top of the third row (TRIED) run at 1 thread, two side by side, 2 seeds each:
+their losses compare; their times only roughly. Four of them change the model in ways the package does not
+offer (ReLU^2, QK-norm, zero-initialized projections, soft-capped logits): PATCHES applies them, in the run's
+own process, to gptbook's classes (`python bench/speedrun.py --patch NAME train ...`), for training and eval.
 
 usage:
     python bench/speedrun.py --nanogpt PATH          # a nanoGPT checkout or bare git dir (never copied here)
@@ -41,11 +43,16 @@ ROWS = [  # (name, what changed from the row above, the flags of `gptbook train`
     ),
     (
         "+ AdamW at 1e-2, 650 steps",
-        "AdamW's rate 10x (embeddings, gains, biases): the preset",
+        "AdamW's rate 10x (embeddings, gains, biases)",
+        ["--preset", "speedrun", "--positions", "learned", "--max-iters", "650"],
+    ),
+    (
+        "+ RoPE, 450 steps",
+        "rotary positions for the learned table (the best of TRIED): the preset",
         ["--preset", "speedrun"],
     ),
 ]
-TRIED = {  # on top of --preset speedrun
+TRIED = {  # on top of the third row (the preset with learned positions, 650 steps)
     "untied head (--no-tie-weights)": ["--no-tie-weights"],
     "no biases (--no-bias)": ["--no-bias"],
     "RMSNorm (--norm rmsnorm)": ["--norm", "rmsnorm"],
@@ -54,7 +61,49 @@ TRIED = {  # on top of --preset speedrun
     "Muon's rate 0.03 (--muon-lr 0.03)": ["--muon-lr", "0.03"],
     "batch 24, 350 steps": ["--batch-size", "24", "--max-iters", "350"],
     "cosine to 0 (--min-lr-ratio 0)": ["--min-lr-ratio", "0"],
+    "model shape: 2 layers, d_model 192": ["--n-layers", "2", "--d-model", "192"],
+    "model shape: 6 layers, d_model 96": ["--n-layers", "6", "--d-model", "96"],
+    "ReLU^2 for GELU (patch)": ["patch:relu2"],
+    "QK-norm (patch)": ["patch:qknorm"],
+    "zero-initialized output projections (patch)": ["patch:zero_init"],
+    "logits soft-capped at 15 (patch)": ["patch:softcap"],
 }
+
+
+def _patch(name: str) -> None:
+    "Change gptbook's model in this process: a change tried here that the package does not have."
+    import types
+
+    import torch
+    import torch.nn.functional as F
+
+    from gptbook import attention, layers, model
+
+    if name == "relu2":  # modded-nanogpt's MLP: relu(x)^2 in place of GELU
+        layers.FeedForward.forward = lambda self, x: self.dropout(self.c_proj(F.relu(self.c_fc(x)).square()))
+    elif name == "qknorm":  # queries and keys RMS-normalized per head before the dot product
+        sdpa = F.scaled_dot_product_attention
+        norm = lambda t: F.rms_norm(t, (t.size(-1),))  # noqa: E731
+        attention.F = types.SimpleNamespace(
+            **{**vars(F), "scaled_dot_product_attention": lambda q, k, v, **kw: sdpa(norm(q), norm(k), v, **kw)}
+        )
+    elif name == "zero_init":  # every block's output projections start at zero: each block starts as the identity
+        reset = model.GPT.reset_parameters
+
+        def zero_reset(self):
+            reset(self)
+            for n, p in self.named_parameters():
+                if n.endswith("c_proj.weight"):
+                    torch.nn.init.zeros_(p)
+
+        model.GPT.reset_parameters = zero_reset
+    elif name == "softcap":  # logits = 15 tanh(logits / 15)
+        forward = model.GPT.forward
+        model.GPT.forward = lambda self, idx, targets=None, cache=None: (
+            15 * torch.tanh(forward(self, idx, None, cache) / 15)
+        )
+    else:
+        raise SystemExit(f"unknown patch {name!r}")
 
 
 def _bench_train():
@@ -68,7 +117,10 @@ def _bench_train():
 def run_gptbook(flags: list[str], seed: int, threads: int, folder: Path, val_text: Path, steps=None) -> dict:
     "One `gptbook train` run and its `gptbook eval` on the validation text: times, loss and the speed line."
     out = folder / f"run{seed}_{threads}_{abs(hash(tuple(flags)))}"
-    cmd = [sys.executable, "-m", "gptbook", "train", *flags, "--out", str(out), "--seed", str(seed)]
+    patches = [f.removeprefix("patch:") for f in flags if f.startswith("patch:")]
+    flags = [f for f in flags if not f.startswith("patch:")]
+    gptbook = [sys.executable, "-m", "gptbook"] if not patches else [sys.executable, __file__, "--patch", *patches]
+    cmd = [*gptbook, "train", *flags, "--out", str(out), "--seed", str(seed)]
     cmd += ["--threads", str(threads), "--device", "cpu", "--no-progress", "--sample-tokens", "0"]
     cmd += ["--max-iters", str(steps), "--warmup-iters", "5", "--eval-interval", str(steps)] if steps else []
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -79,7 +131,7 @@ def run_gptbook(flags: list[str], seed: int, threads: int, folder: Path, val_tex
     train_s = sum(b["ms_per_iter"] / 1000 * (b["iter"] - a["iter"]) for a, b in zip(recs, recs[1:]))
     speed = re.search(r"^speed: ([\d.]+) GFLOP/s .*? of the ([\d.]+) GFLOP/s", r.stdout, re.M)
     e = subprocess.run(
-        [sys.executable, "-m", "gptbook", "eval", str(out), "--data", str(val_text), "--device", "cpu"],
+        [*gptbook, "eval", str(out), "--data", str(val_text), "--device", "cpu"],
         capture_output=True,
         text=True,
         env=env,
@@ -95,6 +147,11 @@ def run_gptbook(flags: list[str], seed: int, threads: int, folder: Path, val_tex
 
 
 def main():
+    if sys.argv[1:2] == ["--patch"]:  # a run of a tried change: patch gptbook, then run its command line
+        _patch(sys.argv[2])
+        from gptbook.cli import main as gptbook_main
+
+        raise SystemExit(gptbook_main(sys.argv[3:]))
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--nanogpt", type=Path, required=True, help="a nanoGPT checkout or bare git dir")
     ap.add_argument("--seeds", type=int, default=5)
@@ -135,9 +192,10 @@ def main():
             with ThreadPoolExecutor(2) as pool:
                 for name, flags in jobs.items():
                     print(f"tried: {name} ...", flush=True)
-                    args_ = [(["--preset", "speedrun", *flags], s, 1, folder, val_text, steps) for s in range(2)]
+                    args_ = [([*ROWS[2][2], *flags], s, 1, folder, val_text, steps) for s in range(2)]
                     runs = list(pool.map(lambda a: run_gptbook(*a), args_))
                     entry = {"flags": flags, "val_loss": [r["val_loss"] for r in runs]}
+                    entry["train_s"] = [r["train_s"] for r in runs]
                     res["tried"]["reference" if name == "reference" else "changes"][name] = entry
                 res["tried"]["reference"] = res["tried"]["reference"]["reference"]
     if args.quick:

@@ -16,7 +16,7 @@ from .positions import PositionKind
 __all__ = ['PRESETS', 'GPTConfig']
 
 # %% ../nbs/06_model.ipynb #2c92c3b3
-PRESETS = ("baby", "gpt2-small", "llama-style", "speedrun")  # speedrun: the baby, trained by chapter 15's recipe
+PRESETS = ("baby", "gpt2-small", "llama-style", "speedrun")  # speedrun: the baby with RoPE (chapter 15)
 
 
 @dataclass
@@ -105,7 +105,9 @@ class GPTConfig(Options):
         "The config of preset `name` (one of `PRESETS`) for `vocab_size` ids, with `overrides` (any field) applied."
         if name not in PRESETS:
             raise OptionError("preset", f"unknown preset {name!r}: use one of {', '.join(PRESETS)}")
-        preset = {"gpt2-small": cls.gpt2_small, "llama-style": cls.llama_style}.get(name, cls.baby)
+        presets = {"baby": cls.baby, "gpt2-small": cls.gpt2_small, "llama-style": cls.llama_style}
+        presets["speedrun"] = lambda vocab_size: cls.baby(vocab_size, positions="rope")  # chapter 15's record
+        preset = presets[name]
         return cls.from_dict({**preset(vocab_size=vocab_size).to_dict(), **overrides})
 
 # %% ../nbs/06_model.ipynb #74265209
