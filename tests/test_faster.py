@@ -104,11 +104,11 @@ def test_make_optimizer_picks_adamw_unless_muon_is_asked_for():
     assert type(make_optimizer(model, muon_lr=0.02)) is Muon
 
 
-def test_the_speedrun_preset_is_the_baby_with_the_recipe():
+def test_the_speedrun_preset_is_the_baby_with_rope_and_the_recipe():
     cfg = TrainConfig.from_preset("speedrun", max_iters=10)
     assert cfg.preset == "speedrun" and cfg.max_iters == 10  # an override wins over the preset
     assert {k: getattr(cfg, k) for k in SPEEDRUN if k != "max_iters"} == {k: v for k, v in SPEEDRUN.items() if k != "max_iters"}
-    assert GPTConfig.from_preset("speedrun", 65) == GPTConfig.from_preset("baby", 65)
+    assert GPTConfig.from_preset("speedrun", 65) == GPTConfig.baby(65, positions="rope")
     assert TrainConfig.from_preset("baby") == TrainConfig()
 
 
