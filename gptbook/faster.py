@@ -14,7 +14,8 @@ from torch import nn
 # %% ../nbs/15_faster.ipynb #f15ceil01
 def matmul_flops(n: int = 1024, seconds: float = 0.25) -> float:
     "FLOP/s of (n, n) @ (n, n) float32 matmuls on this process's threads: the ceiling the model's matmuls run against."
-    a, b = torch.randn(n, n), torch.randn(n, n)
+    g = torch.Generator().manual_seed(0)  # its own: the caller's random state is left as it was
+    a, b = torch.randn(n, n, generator=g), torch.randn(n, n, generator=g)
     a @ b  # the first call pays for the threads' start
     count, t0 = 0, time.perf_counter()
     while (elapsed := time.perf_counter() - t0) < seconds or count < 3:

@@ -170,8 +170,8 @@ class Trainer:
         self.max_threads = torch.get_num_threads()  # the caller's CPU threads: the most the default takes
         self.model = model.to(self.device)  # plain: its state_dict is what checkpoints hold
         self.context_len = cfg.context_len or model.config.max_seq_len
-        muon_lr = cfg.muon_lr if cfg.optimizer == "muon" else None
-        self.optimizer = make_optimizer(model, cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2), self.device.type, muon_lr)
+        betas, muon_lr = (cfg.beta1, cfg.beta2), cfg.muon_lr if cfg.optimizer == "muon" else None
+        self.optimizer = make_optimizer(model, cfg.lr, cfg.weight_decay, betas, self.device.type, muon_lr)
         self.compiled_model = torch.compile(model) if cfg.compile else model  # what forward passes run
         self.ddp_model = self.compiled_model  # what training steps run
         if self.world_size > 1:

@@ -57,6 +57,8 @@ def baby_run(tokenizer: Literal["char", "bpe"] = "char", *, cache_dir=None) -> P
     An unfinished run is resumed, a damaged one trained again; while another process trains it, this one waits."""
     cfg = baby_config(tokenizer)
     decides = {k: v for k, v in cfg.to_dict().items() if k not in ("out_dir", "progress", "threads", "logger")}
+    if decides["optimizer"] == "adamw":  # the fields Muon brought change nothing in an AdamW run: the same key
+        del decides["optimizer"], decides["muon_lr"]
     key = {"config": decides, "data_sha256": TINY_SHAKESPEARE_SHA256, "checkpoint_version": CKPT_VERSION}
     key["records"] = 2  # 2: each metrics record names its machine (an older cached run is trained again)
     key |= {"bpe_pattern": "gpt2"} if tokenizer == "bpe" else {}  # --tokenizer bpe splits as GPT-2 does
