@@ -100,11 +100,12 @@ def test_presets():
 
 
 def test_from_preset():
-    assert PRESETS == ("baby", "gpt2-small", "llama-style")
+    assert PRESETS == ("baby", "gpt2-small", "llama-style", "speedrun")
     assert GPTConfig.from_preset("baby", 65) == GPTConfig.baby(65)
     assert GPTConfig.from_preset("gpt2-small", 50257) == GPTConfig.gpt2_small()
     assert GPTConfig.from_preset("llama-style", 100, n_layers=2) == GPTConfig.llama_style(vocab_size=100, n_layers=2)
-    with pytest.raises(ValueError, match="unknown preset 'tiny': use one of baby, gpt2-small, llama-style"):
+    assert GPTConfig.from_preset("speedrun", 65, n_layers=2) == GPTConfig.baby(65, positions="rope", n_layers=2)
+    with pytest.raises(ValueError, match="unknown preset 'tiny': use one of baby, gpt2-small, llama-style, speedrun"):
         GPTConfig.from_preset("tiny", 65)
     with pytest.raises(ValueError, match="unknown GPTConfig field"):
         GPTConfig.from_preset("baby", 65, n_layer=2)
