@@ -20,7 +20,7 @@ Writes bench/results/speedrun.json.
 """
 
 import argparse
-import importlib.util
+import runpy
 import json
 import os
 import platform
@@ -33,6 +33,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "speedrun.json"
+run_nanogpt = runpy.run_path(str(ROOT / "bench" / "train.py"))["run_nanogpt"]  # bench/train.py's command and parsing
 TARGET = 1.88
 ROWS = [  # (name, what changed from the row above, the flags of `gptbook train`)
     ("baby (AdamW), 2,000 steps", "the book's baby: nanoGPT's model and recipe", []),
@@ -106,14 +107,6 @@ def _patch(name: str) -> None:
         raise SystemExit(f"unknown patch {name!r}")
 
 
-def _bench_train():
-    "bench/train.py as a module (the name `train` is taken by the package): nanoGPT's command and its parsing."
-    spec = importlib.util.spec_from_file_location("bench_train", ROOT / "bench" / "train.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def run_gptbook(flags: list[str], seed: int, threads: int, folder: Path, val_text: Path, steps=None) -> dict:
     "One `gptbook train` run and its `gptbook eval` on the validation text: times, loss and the speed line."
     out = folder / f"run{seed}_{threads}_{abs(hash(tuple(flags)))}"
@@ -179,7 +172,7 @@ def main():
             for i, (name, change, flags) in enumerate(ROWS):
                 if i < (1 if args.quick else args.nanogpt_runs):  # nanoGPT between the rows: drifts touch both
                     print("nanoGPT train.py ...", flush=True)
-                    n = _bench_train().run_nanogpt(args.nanogpt, nanogpt_iters, 2)
+                    n = run_nanogpt(args.nanogpt, nanogpt_iters, 2)
                     n = {"train_s": n["ms_per_iter"] * nanogpt_iters / 1000, "val_loss_own_eval": n["val_loss_at_end"]}
                     res["nanogpt"]["runs"].append(n)
                 print(f"{name} ...", flush=True)
