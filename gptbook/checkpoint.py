@@ -16,6 +16,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_model, save_model
 
+from .chat import add_lora, merge_lora
 from .config import GPTConfig
 from .files import atomic_dir, read_json, remove_dir, sha256_of
 from .model import GPT, pick_device
@@ -295,6 +296,9 @@ def _load(path, device) -> Checkpoint:
     except (TypeError, ValueError) as e:  # an edited or foreign model_config: one line naming the file
         raise ValueError(f"{state['path'] / STATE}: its model_config cannot be built ({e})") from None
     model = GPT(config)
+    if rank := (state["train_config"] or {}).get("lora_rank"):  # chapter 16: adapters beside frozen weights, merged
+        add_lora(model, rank)
     load_weights(model, state)
+    merge_lora(model)
     device = pick_device(device) if isinstance(device, str) else device or "cpu"
     return Checkpoint(model.to(device).eval(), checkpoint_tokenizer(state), state["iter"], state["path"], state)

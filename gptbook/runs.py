@@ -32,6 +32,7 @@ except ImportError:  # Windows: runs are not locked
 
 from .checkpoint import REPLACING, STATE, checkpoint_dirs, is_checkpoint_dir, list_checkpoints, load_checkpoint
 from .checkpoint import read_state
+from .chat import chat_data
 from .config import GPTConfig
 from .corpus import TINY_SHAKESPEARE_SHA256, tiny_shakespeare_path
 from .data import TokenData, load_token_data
@@ -161,7 +162,7 @@ STAGING = ".new_run"  # an --overwrite run before its first checkpoint, and whil
 FIXED_BY_WEIGHTS = ("tokenizer", "bpe_vocab_size", "preset")  # what --init-from's weights decide, with the model
 
 
-FIXED_ON_RESUME = (*FIXED_BY_WEIGHTS, "val_fraction", "init_from", "model_overrides", "seed")  # data, model, order
+FIXED_ON_RESUME = (*FIXED_BY_WEIGHTS, "val_fraction", "init_from", "model_overrides", "seed", "task", "lora_rank")  # data, model, order
 
 
 class RunLocked(OSError):
@@ -397,6 +398,8 @@ def check_same_data(data_file: Path, state: dict) -> None:
 
 def run_data(cfg, state: dict | None, tokenizer) -> tuple[TokenData, str]:
     "The tokenized text of the run `cfg` (a TrainConfig), and its file's SHA-256 (checked on resume)."
+    if cfg.task:  # chapter 16: the task's conversations, made anew from its fixed items
+        return chat_data(cfg.task, tokenizer), None
     data_file = Path(cfg.data_path) if cfg.data_path else None
     if state is not None and state.get("data_sha256"):
         check_same_data(data_file or tiny_shakespeare_path(), state)
@@ -415,7 +418,9 @@ def check_fits(cfg, c: GPTConfig, data: TokenData) -> None:
             f"context_len={T} is longer than the model's learned position table (max_seq_len="
             f"{c.max_seq_len}): use --context-len {c.max_seq_len} or less"
         )
-    for split, ids in (("training", data.train), ("validation", data.val)):
+    if cfg.task and (n := data.train.shape[-1]) > T + 1:  # chapter 16: whole conversations, one per row
+        raise ValueError(f"task {cfg.task}: a conversation has {n} tokens, more than the model's context {T} + 1")
+    for split, ids in (("training", data.train), ("validation", data.val)) if not cfg.task else ():
         if len(ids) < T + 1:
             raise ValueError(
                 f"the {split} split has {len(ids):,} tokens, but a batch needs windows of context_len "
@@ -470,11 +475,12 @@ def header(trainer, state: dict | None) -> str:
     n_params = sum(p.numel() for p in trainer.model.parameters())
     start = f"resuming from step {trainer.step}" if state else "fresh"
     start += f", initialized from {cfg.init_from}" if cfg.init_from and not state else ""
+    where, unit = (f"task {cfg.task}", "conversations") if cfg.task else (cfg.data_path or "Tiny Shakespeare", "tokens")
     return (
         f"gptbook {gptbook.__version__}: {n_params / 1e6:.2f}M parameters on {trainer.device} in "
         f"{str(trainer.dtype).removeprefix('torch.')}, {trainer.tokens_per_step:,} tokens per step\n"
         f"machine: {machine(trainer.device)}\n"
-        f"data: {cfg.data_path or 'Tiny Shakespeare'} ({len(data.train) + len(data.val):,} tokens: "
+        f"data: {where} ({len(data.train) + len(data.val):,} {unit}: "
         f"{len(data.train):,} train, {len(data.val):,} val)\nrun: {cfg.out_dir} ({start}), {cfg.max_iters:,} steps"
     )
 

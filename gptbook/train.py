@@ -23,6 +23,7 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 
 import gptbook
+from .chat import SFT, TASKS, add_lora, chat_ready
 from .checkpoint import checkpoint_tokenizer, load_training_state, load_weights, read_state, save_checkpoint
 from .config import GPTConfig
 from .data import TokenData, get_batch
@@ -114,6 +115,10 @@ class TrainConfig(Options):
     init_from: str | None = option(
         None, "start from the weights of a run, a Hugging Face folder or a hub name (gpt2)", metavar="RUN|HF"
     )
+    task: Literal[tuple(TASKS)] | None = option(None, "fine-tune on this task's conversations (chapter 16)")
+    lora_rank: int = option(0, "train low-rank adapters of this rank, the model frozen (0: train it all)", min=0)
+    lora_alpha: float = option(16.0, "the adapters' scale is lora_alpha / lora_rank", min=0, min_open=True)
+    lora_dropout: float = option(0.0, "dropout on the adapters' input", min=0, max=1, max_open=True)
 
     def check(self) -> None:
         "`model_overrides` may name only `GPTConfig` fields; `init_from`'s weights fix the preset and the tokenizer."
@@ -192,8 +197,8 @@ class Trainer:
     def batch(self, split: str = "train", generator=None):
         "This process's share of a batch of `split`, on the training device (from `batch_generator` by default)."
         ids = self.data.train if split == "train" else self.data.val
-        g = generator or self.batch_generator
-        return get_batch(ids, self.cfg.batch_size, self.context_len, g, self.rank, self.world_size, self.device)
+        g, get = generator or self.batch_generator, getattr(self.data, "get_batch", get_batch)  # chapter 16's rows
+        return get(ids, self.cfg.batch_size, self.context_len, g, self.rank, self.world_size, self.device)
 
     def train_step(self) -> dict:
         "One optimizer step over `grad_accum` micro-batches; returns its loss, pre-clip gradient norm and lr."
@@ -340,7 +345,8 @@ def _configs(cfg: TrainConfig | None, model_config: GPTConfig | None, state: dic
     if not cfg.init_from:
         return cfg, model_config, None, None
     init = pretrained(cfg.init_from, cfg.model_overrides)
-    return cfg.replace(init_from=str(init.path)), init.config, init.tokenizer, init.weights
+    config, weights, tokenizer = chat_ready(init.config, init.weights, init.tokenizer) if cfg.task else init[:3]
+    return cfg.replace(init_from=str(init.path)), config, tokenizer, weights
 
 
 def _trainer(cfg, model_config, state, data, ranks: Ranks) -> Trainer:
@@ -349,13 +355,20 @@ def _trainer(cfg, model_config, state, data, ranks: Ranks) -> Trainer:
     data, data_sha256 = (data, None) if data is not None else run_data(cfg, state, tokenizer)
     model_config = model_config or GPTConfig.from_preset(cfg.preset, data.vocab_size, **cfg.model_overrides)
     check_fits(cfg, model_config, data)
-    trainer = Trainer(_new_model(model_config, cfg.seed, ranks.rank), data, cfg, ranks)
-    trainer.meta["data_sha256"] = data_sha256
+    model = _new_model(model_config, cfg.seed, ranks.rank)
     if weights is not None:
-        trainer.model.load_state_dict(weights)
+        model.load_state_dict(weights)
+    if cfg.lora_rank:  # chapter 16: the model frozen, adapters trained
+        add_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout)
+    trainer = Trainer(model, data, cfg, ranks)
+    trainer.meta["data_sha256"] = data_sha256
     if state is not None:
         trainer.load(state)
     return trainer
+
+def train_sft(*, resume=False, overwrite=False, **options) -> Trainer:
+    "Fine-tune a model (`init_from`) on a `task`'s conversations: `train` with the SFT defaults, then `options`."
+    return train(TrainConfig.from_dict({**SFT, **options}), resume=resume, overwrite=overwrite)
 
 # %% ../nbs/08_training.ipynb #t8train01
 def train(cfg=None, model_config=None, *, resume=False, data=None, overwrite=False) -> Trainer:
