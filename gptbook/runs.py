@@ -97,12 +97,13 @@ class TrainingDiverged(FloatingPointError):
 
 
 def check_evaluation(record: dict, history: list[dict], factor: float, out_dir: Path) -> None:
-    "Raise TrainingDiverged for an evaluation whose loss is not finite, or over `factor` times the best so far."
+    """Raise TrainingDiverged for an evaluation whose loss is not finite, or over `factor` times the best so far and
+    1 nat above it (a loss near 0, as fine-tuning reaches, may triple by noise)."""
     best = min((r["val_loss"] for r in history), default=math.inf)
     step, train, val = record["iter"], record["train_loss"], record["val_loss"]
-    if math.isfinite(val) and math.isfinite(train) and val <= factor * best:
+    if math.isfinite(val) and math.isfinite(train) and val <= max(factor * best, best + 1):
         return
-    over = f" (over diverge_factor={factor:g} x the best so far, {best:.4f})" if math.isfinite(val) else ""
+    over = f" (over diverge_factor={factor:g} x the best so far, {best:.4f}, and 1 nat above it)" * math.isfinite(val)
     raise TrainingDiverged(
         f"the evaluation at step {step} gives train loss {train:.4g}, val loss {val:.4g}{over}: "
         f"the run diverged, and step {step} was not saved. " + last_good(out_dir)
@@ -162,7 +163,7 @@ STAGING = ".new_run"  # an --overwrite run before its first checkpoint, and whil
 FIXED_BY_WEIGHTS = ("tokenizer", "bpe_vocab_size", "preset")  # what --init-from's weights decide, with the model
 
 
-FIXED_ON_RESUME = (*FIXED_BY_WEIGHTS, "val_fraction", "init_from", "model_overrides", "seed", "task", "lora_rank")  # data, model, order
+FIXED_ON_RESUME = (*FIXED_BY_WEIGHTS, "val_fraction", "init_from", "model_overrides", "seed", "task", "lora_rank")
 
 
 class RunLocked(OSError):

@@ -35,7 +35,7 @@ from .runs import TrainingDiverged, check_evaluation, last_good, pretrained, run
 from .runs import Progress, pick_threads, start_run, summary, tensorboard_writer, to_tensorboard, trim_metrics
 
 # %% auto #0
-__all__ = ['lr_at', 'param_groups', 'make_optimizer', 'TrainConfig', 'Ranks', 'Trainer', 'init_distributed', 'train']
+__all__ = ['lr_at', 'param_groups', 'make_optimizer', 'TrainConfig', 'Ranks', 'Trainer', 'init_distributed', 'train', 'train_sft']
 
 # %% ../nbs/08_training.ipynb #d3808619
 def lr_at(it: int, max_lr: float, warmup_iters: int, max_iters: int, min_lr: float) -> float:
@@ -366,10 +366,6 @@ def _trainer(cfg, model_config, state, data, ranks: Ranks) -> Trainer:
         trainer.load(state)
     return trainer
 
-def train_sft(*, resume=False, overwrite=False, **options) -> Trainer:
-    "Fine-tune a model (`init_from`) on a `task`'s conversations: `train` with the SFT defaults, then `options`."
-    return train(TrainConfig.from_dict({**SFT, **options}), resume=resume, overwrite=overwrite)
-
 # %% ../nbs/08_training.ipynb #t8train01
 def train(cfg=None, model_config=None, *, resume=False, data=None, overwrite=False) -> Trainer:
     """Train a GPT as `cfg` says, from scratch, or (`resume=True`) from the latest checkpoint in `cfg.out_dir`
@@ -406,3 +402,8 @@ def train(cfg=None, model_config=None, *, resume=False, data=None, overwrite=Fal
         if ranks.world_size > 1:
             dist.barrier()  # leave together: a rank whose peer has gone aborts in gloo's teardown
     return trainer
+
+
+def train_sft(*, resume=False, overwrite=False, **options) -> Trainer:
+    "Fine-tune the model of `init_from` on a `task`'s conversations (chapter 16): `train` with `SFT`, then `options`."
+    return train(TrainConfig.from_dict({**SFT, **options}), resume=resume, overwrite=overwrite)

@@ -15,11 +15,12 @@ from typing import Literal
 from ..checkpoint import CKPT_VERSION, list_checkpoints, load_checkpoint
 from ..corpus import TINY_SHAKESPEARE_SHA256
 from ..corpus import cache_dir as data_cache_dir
+from ..chat import SFT
 from ..runs import RunLocked, read_metrics
 from ..train import TrainConfig, train
 
 # %% auto #0
-__all__ = ['plot_metrics', 'baby_config', 'baby_run']
+__all__ = ['UNUSED', 'plot_metrics', 'baby_config', 'baby_run', 'sft_run', 'cached_run']
 
 # %% ../../nbs/08_training.ipynb #e5c18959
 def plot_metrics(metrics, ax=None, title: str | None = None):
@@ -50,25 +51,41 @@ def baby_config(tokenizer: Literal["char", "bpe"] = "char") -> TrainConfig:
 
 
 def baby_run(tokenizer: Literal["char", "bpe"] = "char", *, cache_dir=None) -> Path:
-    """The run folder of the book's baby model in `cache_dir` (default: `gptbook.corpus.cache_dir()`), trained once.
+    "The run folder of the book's baby model, trained once (`cached_run`): `runs/baby-<tokenizer>-<key>`."
+    extra = {"bpe_pattern": "gpt2"} if tokenizer == "bpe" else {}  # --tokenizer bpe splits as GPT-2 does
+    return cached_run(baby_config(tokenizer), f"baby run ({tokenizer})", f"baby-{tokenizer}", cache_dir, extra)
 
-    Its name is `runs/baby-<tokenizer>-<key>`, the key a hash of `baby_config(tokenizer)`, of the text's SHA-256, of
-    the checkpoint format's version and of what a metrics record holds.
+
+def sft_run(task: str, lora_rank: int = 0, *, cache_dir=None) -> Path:
+    "The BPE baby fine-tuned on `task` (chapter 16), with adapters of `lora_rank` or fully (0), trained once."
+    cfg = TrainConfig.from_dict({**SFT, "init_from": str(baby_run("bpe", cache_dir=cache_dir)), "task": task})
+    name = f"sft-{task}" + (f"-lora{lora_rank}" if lora_rank else "")
+    return cached_run(cfg.replace(lora_rank=lora_rank, progress=False), f"{name} run", name, cache_dir)
+
+
+UNUSED = {"optimizer": ("muon_lr",), "task": (), "lora_rank": ("lora_alpha", "lora_dropout")}  # at their defaults
+
+
+def cached_run(cfg: TrainConfig, label: str, name: str, cache_dir=None, extra: dict | None = None) -> Path:
+    """The run folder of `cfg` in `cache_dir` (default: `gptbook.corpus.cache_dir()`), trained once.
+
+    Its name is `runs/<name>-<key>`, the key a hash of the config, of the text's SHA-256, of the checkpoint format's
+    version and of what a metrics record holds (fields added since, at values that change nothing, left out).
     An unfinished run is resumed, a damaged one trained again; while another process trains it, this one waits."""
-    cfg = baby_config(tokenizer)
     decides = {k: v for k, v in cfg.to_dict().items() if k not in ("out_dir", "progress", "threads", "logger")}
-    if decides["optimizer"] == "adamw":  # the fields Muon brought change nothing in an AdamW run: the same key
-        del decides["optimizer"], decides["muon_lr"]
+    for field, others in UNUSED.items():
+        if decides[field] == TrainConfig.__dataclass_fields__[field].default:
+            for k in (field, *others):
+                del decides[k]
     key = {"config": decides, "data_sha256": TINY_SHAKESPEARE_SHA256, "checkpoint_version": CKPT_VERSION}
     key["records"] = 2  # 2: each metrics record names its machine (an older cached run is trained again)
-    key |= {"bpe_pattern": "gpt2"} if tokenizer == "bpe" else {}  # --tokenizer bpe splits as GPT-2 does
-    blob = json.dumps(key, sort_keys=True).encode()
-    folder = Path(cache_dir or data_cache_dir()) / "runs" / f"baby-{tokenizer}-{hashlib.sha256(blob).hexdigest()[:12]}"
+    blob = json.dumps(key | (extra or {}), sort_keys=True).encode()
+    folder = Path(cache_dir or data_cache_dir()) / "runs" / f"{name}-{hashlib.sha256(blob).hexdigest()[:12]}"
     shown = str(folder).replace(str(Path.home()), "~", 1)
     while True:
         try:
             if load_checkpoint(folder).iter >= cfg.max_iters and (folder / "metrics.jsonl").is_file():
-                print(f"baby run ({tokenizer}): found {shown}")
+                print(f"{label}: found {shown}")
                 return folder
         except FileNotFoundError:
             pass  # not trained yet
@@ -80,5 +97,5 @@ def baby_run(tokenizer: Literal["char", "bpe"] = "char", *, cache_dir=None) -> P
         except RunLocked:  # another process is training it: wait for it to finish
             time.sleep(5)
             continue
-        print(f"baby run ({tokenizer}): trained in {time.perf_counter() - t0:.0f} s, saved to {shown}")
+        print(f"{label}: trained in {time.perf_counter() - t0:.0f} s, saved to {shown}")
         return folder
