@@ -20,7 +20,7 @@ from gptbook.chat import TASKS, add_lora, bootstrap, exact_match, few_shot, task
 from gptbook.checkpoint import load_checkpoint
 from gptbook.runs import machine, read_metrics
 
-LORA_RANK = 8
+LORA_RANK = 2
 
 
 def train_seconds(run: Path) -> float:

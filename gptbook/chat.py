@@ -262,8 +262,9 @@ def _lora_forward(m: nn.Linear, inputs, out):
     return out + m.lora_scale * (x @ m.lora_A.T) @ m.lora_B.T
 
 
-def add_lora(model: nn.Module, rank: int, alpha: float = 16.0, dropout: float = 0.0, layers=None):
-    "Freeze `model`; its blocks' linear layers (or those named in `layers`) learn a change W x + (alpha / rank) B A x."
+def add_lora(model: nn.Module, rank: int, alpha: float = 16.0, dropout: float = 0.0, layers=None, rows=()):
+    """Freeze `model`; its blocks' linear layers (or those named in `layers`) learn a change W x + (alpha / rank) B A x,
+    and the embedding rows `rows` (new tokens: a frozen row is no token yet) learn too, in the head if it is untied."""
     for p in model.parameters():
         p.requires_grad_(False)
     for name, m in model.named_modules():
@@ -273,6 +274,10 @@ def add_lora(model: nn.Module, rank: int, alpha: float = 16.0, dropout: float = 
             m.lora_B = nn.Parameter(torch.zeros(m.out_features, rank, device=w.device))  # starts as the base
             m.register_buffer("lora_scale", torch.tensor(alpha / rank))
             m.lora_dropout, m.lora_hook = dropout, m.register_forward_hook(_lora_forward)
+    for table in {model.wte.weight, model.lm_head.weight} if len(rows) else ():
+        keep = torch.zeros(len(table), 1, device=table.device)
+        keep[list(rows)] = 1.0
+        table.requires_grad_(True).register_hook(lambda grad, keep=keep: grad * keep)  # the other rows get 0
     return model
 
 
@@ -288,9 +293,9 @@ def merge_lora(model: nn.Module) -> nn.Module:
 
 # %% ../nbs/16_assistant.ipynb #c16lora04
 def save_adapters(model: nn.Module, path) -> None:
-    "Write the adapters alone (safetensors, atomically): kilobytes, to load onto the base they were trained on."
-    tensors = {k: v.contiguous() for k, v in model.state_dict().items() if ".lora_" in k}
-    if not tensors:
+    "Write what LoRA trains (adapters, new token rows), atomically: a few hundred kB, loadable onto their base."
+    tensors = {k: p.detach().contiguous() for k, p in model.named_parameters() if p.requires_grad}
+    if not any(".lora_" in k for k in tensors):
         raise ValueError("the model has no adapters: add_lora first (gptbook sft --lora-rank R)")
     with atomic_write(path, mode=None) as tmp:
         save_file(tensors, str(tmp))
@@ -299,10 +304,13 @@ def save_adapters(model: nn.Module, path) -> None:
 def load_adapters(model: nn.Module, path) -> nn.Module:
     "Put the adapters of `path` (`save_adapters`) onto `model`, their base: frozen, ready to merge or to train on."
     tensors = load_file(str(path))
-    layers = {k.rsplit(".", 2)[-2] for k in tensors}  # blocks.0.attn.c_attn.lora_A -> c_attn
+    layers = {k.rsplit(".", 2)[-2] for k in tensors if ".lora_" in k}  # blocks.0.attn.c_attn.lora_A -> c_attn
     rank = next(v.shape[0] for k, v in tensors.items() if k.endswith("lora_A"))
     add_lora(model, rank, layers=tuple(layers))
-    unexpected = model.load_state_dict(tensors, strict=False).unexpected_keys
-    if unexpected or set(tensors) != {k for k in model.state_dict() if ".lora_" in k}:
+    try:
+        unexpected = model.load_state_dict(tensors, strict=False).unexpected_keys
+    except RuntimeError as e:  # a shape that differs
+        raise ValueError(f"{path} holds adapters of another model: {str(e).splitlines()[1].strip()}") from None
+    if unexpected or not {k for k in model.state_dict() if k.endswith(("lora_A", "lora_B"))} <= set(tensors):
         raise ValueError(f"{path} holds adapters of another model: {sorted(unexpected or tensors)[:3]}")
     return model

@@ -23,7 +23,7 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 
 import gptbook
-from .chat import SFT, TASKS, add_lora, chat_ready
+from .chat import SFT, TASKS, add_lora, chat_ids, chat_ready
 from .checkpoint import checkpoint_tokenizer, load_training_state, load_weights, read_state, save_checkpoint
 from .config import GPTConfig
 from .data import TokenData, get_batch
@@ -32,7 +32,7 @@ from .model import GPT, autocast, lm_loss, pick_device, pick_dtype
 from .options import OptionError, Options, option
 from .runs import FIXED_BY_WEIGHTS, FIXED_ON_RESUME, append_metrics, check_fits, commit_run, header, interrupted
 from .runs import TrainingDiverged, check_evaluation, last_good, pretrained, run_data, run_lock, save_run_config
-from .runs import Progress, pick_threads, start_run, summary, tensorboard_writer, to_tensorboard, trim_metrics
+from .runs import Progress, load_run_config, pick_threads, start_run, summary, tensorboard_writer, to_tensorboard, trim_metrics
 
 # %% auto #0
 __all__ = ['lr_at', 'param_groups', 'make_optimizer', 'TrainConfig', 'Ranks', 'Trainer', 'init_distributed', 'train', 'train_sft']
@@ -358,8 +358,9 @@ def _trainer(cfg, model_config, state, data, ranks: Ranks) -> Trainer:
     model = _new_model(model_config, cfg.seed, ranks.rank)
     if weights is not None:
         model.load_state_dict(weights)
-    if cfg.lora_rank:  # chapter 16: the model frozen, adapters trained
-        add_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout)
+    if cfg.lora_rank:  # chapter 16: the model frozen; adapters and the chat tokens' rows trained
+        rows = chat_ids(data.tokenizer) if cfg.task else ()
+        add_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, rows=rows)
     trainer = Trainer(model, data, cfg, ranks)
     trainer.meta["data_sha256"] = data_sha256
     if state is not None:
@@ -405,5 +406,7 @@ def train(cfg=None, model_config=None, *, resume=False, data=None, overwrite=Fal
 
 
 def train_sft(*, resume=False, overwrite=False, **options) -> Trainer:
-    "Fine-tune the model of `init_from` on a `task`'s conversations (chapter 16): `train` with `SFT`, then `options`."
-    return train(TrainConfig.from_dict({**SFT, **options}), resume=resume, overwrite=overwrite)
+    """Fine-tune the model of `init_from` on a `task`'s conversations (chapter 16): `train` with `SFT`, then `options`.
+    `resume=True` continues the run in `out_dir` with its saved config, changed by `options`."""
+    start = load_run_config(options.get("out_dir", "out"))["train_config"] if resume else SFT
+    return train(TrainConfig.from_dict({**start, **options}), resume=resume, overwrite=overwrite)

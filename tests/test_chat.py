@@ -177,10 +177,12 @@ def test_lora_run_trains_only_the_adapters_and_loads_merged(base_run, tmp_path):
     before = load_checkpoint(base_run).model.state_dict()
     trainer = sft(tmp_path / "lora", base_run, lora_rank=4, lr=1e-2)
     trained = {n for n, p in trainer.model.named_parameters() if p.requires_grad}
-    assert trained and all(n.endswith(("lora_A", "lora_B")) for n in trained)
+    assert "wte.weight" in trained and all(n.endswith(("lora_A", "lora_B")) for n in trained - {"wte.weight"})
     after = trainer.model.state_dict()
-    for name, w in before.items():  # the base is frozen; only the three new embedding rows are new
+    for name, w in before.items():  # the base is frozen: of the embedding, only the chat tokens' rows learn
         assert torch.equal(after[name][: len(w)], w), name
+    old = before["wte.weight"]
+    assert not torch.allclose(after["wte.weight"][len(old) :], old.mean(0).expand(3, -1))  # moved from their start
     ck = load_checkpoint(tmp_path / "lora")  # merged: a plain GPT with the run's logits
     assert not any("lora" in k for k in ck.model.state_dict())
     idx = torch.randint(0, ck.model.config.vocab_size, (2, 10))
@@ -192,7 +194,7 @@ def test_lora_merges_to_the_same_logits_and_adapters_load_onto_their_base(tmp_pa
     torch.manual_seed(0)
     config = GPTConfig.baby(515)
     base = GPT(config)
-    model = add_lora(GPT(config), rank=8)
+    model = add_lora(GPT(config), rank=2)
     model.load_state_dict(base.state_dict(), strict=False)
     trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
     assert trained / sum(p.numel() for p in base.parameters()) < 0.02
