@@ -132,10 +132,9 @@ def request_settings(body: dict, n_prompt: int, context: int, param: str, stop=N
         stop=stop,
         stop_strings=_get(body, "stop"),
     )  # checks each value's type and range (an OptionError naming its field)
-    if n_prompt + config.max_new_tokens > context:
-        why = (
-            f"{n_prompt:,} tokens of {param} and max_tokens {config.max_new_tokens:,}: over the context of {context:,}"
-        )
+    if (total := n_prompt + config.max_new_tokens) > context:
+        why = f"{n_prompt:,} tokens of {param} + max_tokens {config.max_new_tokens:,} = {total:,}: over the context"
+        why += f" of {context:,} tokens"
         raise RequestError("max_tokens", why, code="context_length_exceeded")
     return config
 
