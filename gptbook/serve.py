@@ -67,22 +67,19 @@ def chat_loop(run, max_new_tokens=None, temperature=0.8, top_p=0.9, seed=None, d
             return print()
         if not text.strip():
             continue
+        answer, budget = "", context - config.max_new_tokens  # the reply's room is kept free
         try:
-            budget = context - config.max_new_tokens  # the reply's room is kept free
             messages, ids = fit_turns([*history, {"role": "user", "content": text}], tokenizer, budget)
-        except ValueError as e:
-            print(f"({e})")
-            continue
-        if dropped := len(history) + 1 - len(messages):
-            print(f"(dropped {dropped} old turns to fit the context of {context} tokens)")
-        print("model> ", end="", flush=True)
-        answer = ""
-        try:
+            if dropped := len(history) + 1 - len(messages):
+                print(f"(dropped {dropped} old turns to fit the context of {context} tokens)")
+            print("model> ", end="", flush=True)
             for piece in reply(model, tokenizer, ids, config, g):
                 print(piece, end="", flush=True)
                 answer += piece
             history = [*messages, {"role": "assistant", "content": answer}] if answer else messages[:-1]
-        except KeyboardInterrupt:
+        except ValueError as e:  # a message that cannot fit, or that holds a chat token
+            print(f"({e})", end="")
+        except KeyboardInterrupt:  # Ctrl-C during a reply: it stops (and is not kept), the chat goes on
             print(" [stopped]", end="")
         print()
 

@@ -410,6 +410,16 @@ def test_chat_survives_ctrl_c(run, capsys):
     assert "[stopped]" in out and out.count("model> ") == 2 and out.endswith("you> \n")
 
 
+def test_a_missing_server_library_is_one_line_naming_the_extra(run, monkeypatch):
+    from gptbook.serve import serve
+
+    for name, start in (("fastapi", create_app), ("uvicorn", serve)):
+        with monkeypatch.context() as m:
+            m.setitem(sys.modules, name, None)  # as if it were not installed
+            with pytest.raises(ImportError, match=rf'needs {name}: pip install "gptbook\[serve\]"'):
+                start(run)
+
+
 def test_the_commands_run_in_a_real_process(run):
     "`gptbook chat` with lines on its input, and `gptbook serve`'s first lines, through add_commands."
     code = (
