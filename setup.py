@@ -38,7 +38,7 @@ if cfg.get("pip_requirements"):
 min_python = cfg["min_python"]
 lic = licenses.get(cfg["license"].lower(), (cfg["license"], None))
 dev_requirements = (cfg.get("dev_requirements") or "").split()
-extras = {name: (cfg.get(f"{name}_requirements") or "").split() for name in ("hf", "tensorboard", "plot")}
+extras = {name: (cfg.get(f"{name}_requirements") or "").split() for name in ("hf", "tensorboard", "plot", "serve")}
 
 package_data = dict()
 pkg_data = cfg.get("package_data", None)

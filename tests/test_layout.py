@@ -250,6 +250,7 @@ ALLOWED_IMPORTS = {
     "hf": {"config", "files", "model", "positions", "tokenizer", "weights"},
     "cli": {"checkpoint", "config", "files", "hf", "model", "options", "sample", "tokenizer", "runs", "train"},
     "inspect": {"positions", "attention"},  # hooks on the model's own layers; the attention-only model reuses them
+    "serve": {"adapters", "chat", "checkpoint", "options", "sample"},  # chat and HTTP over chapter 16's template
 }
 
 
