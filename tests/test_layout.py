@@ -242,9 +242,10 @@ ALLOWED_IMPORTS = {
     "model": {"attention", "config", "layers", "positions", "weights", "hf"},  # weights: GPT.from_hf; hf: save_hf
     "weights": {"config", "positions"},  # reads nanoGPT and Hugging Face weights into our names; builds no model
     "data": {"adapters", "corpus", "tokenizer", "files"},
-    "checkpoint": {"files", "config", "model", "tokenizer"},
-    "runs": {"checkpoint", "config", "corpus", "data", "faster", "hf", "files", "model", "options", "tokenizer"},
-    "train": {"checkpoint", "config", "data", "faster", "model", "options", "runs"},
+    "checkpoint": {"chat", "files", "config", "model", "tokenizer"},  # chat: a LoRA run's adapters merged on load
+    "runs": {"chat", "checkpoint", "config", "corpus", "data", "faster", "hf", "files", "model", "options", "tokenizer"},
+    "train": {"chat", "checkpoint", "config", "data", "faster", "model", "options", "runs"},
+    "chat": {"corpus", "files", "sample", "tokenizer"},  # chapter 16: tasks, template, LoRA; train and runs use it
     "faster": set(),  # chapter 15's optimizer and matmul ceiling: torch only, so the trainer of chapter 8 can use them
     "sample": {"adapters", "options", "tokenizer"},  # duck-types the model: no model, no trainer
     "hf": {"config", "files", "model", "positions", "tokenizer", "weights"},
