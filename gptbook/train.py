@@ -23,7 +23,7 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 
 import gptbook
-from .chat import SFT, TASKS, add_lora, chat_ids, chat_ready
+from .chat import TASKS, add_lora, chat_ids, chat_ready, sft_config
 from .checkpoint import checkpoint_tokenizer, load_training_state, load_weights, read_state, save_checkpoint
 from .config import GPTConfig
 from .data import TokenData, get_batch
@@ -408,5 +408,5 @@ def train(cfg=None, model_config=None, *, resume=False, data=None, overwrite=Fal
 def train_sft(*, resume=False, overwrite=False, **options) -> Trainer:
     """Fine-tune the model of `init_from` on a `task`'s conversations (chapter 16): `train` with `SFT`, then `options`.
     `resume=True` continues the run in `out_dir` with its saved config, changed by `options`."""
-    start = load_run_config(options.get("out_dir", "out"))["train_config"] if resume else SFT
+    start = load_run_config(options.get("out_dir", "out"))["train_config"] if resume else sft_config(**options)
     return train(TrainConfig.from_dict({**start, **options}), resume=resume, overwrite=overwrite)

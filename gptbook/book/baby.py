@@ -15,7 +15,7 @@ from typing import Literal
 from ..checkpoint import CKPT_VERSION, list_checkpoints, load_checkpoint
 from ..corpus import TINY_SHAKESPEARE_SHA256
 from ..corpus import cache_dir as data_cache_dir
-from ..chat import SFT
+from ..chat import sft_config
 from ..runs import RunLocked, read_metrics
 from ..train import TrainConfig, train
 
@@ -58,9 +58,10 @@ def baby_run(tokenizer: Literal["char", "bpe"] = "char", *, cache_dir=None) -> P
 
 def sft_run(task: str, lora_rank: int = 0, *, cache_dir=None) -> Path:
     "The BPE baby fine-tuned on `task` (chapter 16), with adapters of `lora_rank` or fully (0), trained once."
-    cfg = TrainConfig.from_dict({**SFT, "init_from": str(baby_run("bpe", cache_dir=cache_dir)), "task": task})
+    base = str(baby_run("bpe", cache_dir=cache_dir))
+    cfg = TrainConfig.from_dict(sft_config(init_from=base, task=task, lora_rank=lora_rank, progress=False))
     name = f"sft-{task}" + (f"-lora{lora_rank}" if lora_rank else "")
-    return cached_run(cfg.replace(lora_rank=lora_rank, progress=False), f"{name} run", name, cache_dir)
+    return cached_run(cfg, f"{name} run", name, cache_dir)
 
 
 UNUSED = {"optimizer": ("muon_lr",), "task": (), "lora_rank": ("lora_alpha", "lora_dropout")}  # at their defaults
