@@ -27,6 +27,7 @@ from .hf import from_nanogpt, hf_pretrained
 from .model import pick_device, text_nats
 from .options import OptionError, choices_of, field_types, split_optional
 from .sample import SamplingConfig, generate, stream
+from .serve import add_commands
 from .tokenizer import GPT2_PATTERN, BPETokenizer, CharTokenizer, load_tokenizer
 
 # %% auto #0
@@ -151,12 +152,14 @@ def given(args, names) -> dict:
     return out
 
 # %% ../nbs/A4_cli.ipynb #579376a5
-def _add_train_args(p: argparse.ArgumentParser, preset: str | None = None) -> dict[str, str]:
-    "All flags of `gptbook train`, the model's defaults those of `preset`; returns {field: flag} for the configs."
+def _add_train_args(p: argparse.ArgumentParser, preset: str | None = None, sft: bool = False) -> dict[str, str]:
+    "All flags of `gptbook train` (or `sft`: its defaults), the model's those of `preset`; returns {field: flag}."
+    from gptbook.chat import sft_config
     from gptbook.train import TrainConfig  # only `gptbook train` loads the trainer
 
     preset = preset if preset in PRESETS else TrainConfig.preset  # a bad name: argparse names it, below
-    flags = add_options(p, TrainConfig, "training (TrainConfig)", TrainConfig.from_preset(preset).to_dict())
+    defaults = TrainConfig.from_dict(sft_config()) if sft else TrainConfig.from_preset(preset)
+    flags = add_options(p, TrainConfig, "training (TrainConfig)", defaults.to_dict())
     shown = {**GPTConfig.from_preset(preset, 1).to_dict(), "vocab_size": "the tokenizer's size"}
     model_flags = add_options(p, GPTConfig, f"model (GPTConfig: the {preset} preset unless given)", shown)
     run = p.add_argument_group("run")
@@ -181,11 +184,15 @@ def _flags(args, names) -> str:
 
 def config_from_args(args):
     "The TrainConfig that `gptbook train`'s flags describe (model flags in `model_overrides`)."
+    from gptbook.chat import sft_config
     from gptbook.runs import FIXED_BY_WEIGHTS, FIXED_ON_RESUME, load_run_config
     from gptbook.train import TrainConfig
 
     train_given = given(args, [f.name for f in dataclasses.fields(TrainConfig)])
     model_given = given(args, [f.name for f in dataclasses.fields(GPTConfig)])
+    sft = args.command == "sft"
+    if sft and not args.resume and not (train_given.get("init_from") and train_given.get("task")):
+        raise ValueError("gptbook sft fine-tunes a model on a task: give --init-from RUN and --task NAME")
     if args.resume:
         if fixed := [k for k in train_given if k in FIXED_ON_RESUME] + [*model_given] + ["config"] * bool(args.config):
             raise ValueError(
@@ -200,7 +207,8 @@ def config_from_args(args):
         raise ValueError(f"--init-from {init_from} fixes the model and its tokenizer: drop {_flags(args, fixed)}")
     overrides = {**(saved["model_config"] or saved["train_config"].get("model_overrides", {})), **model_given}
     preset = train_given.get("preset", saved["train_config"].get("preset", TrainConfig.preset))
-    return TrainConfig.from_preset(preset, **{**saved["train_config"], **train_given, "model_overrides": overrides})
+    fields = {**saved["train_config"], **train_given, "model_overrides": overrides}
+    return TrainConfig.from_dict(sft_config(**fields)) if sft else TrainConfig.from_preset(preset, **fields)
 
 # %% ../nbs/A4_cli.ipynb #c632cc04
 def _print_sample(model, tokenizer, n: int, seed: int, prompt: str = "\n"):
@@ -219,7 +227,9 @@ def _train(args) -> int:
 
     cfg = config_from_args(args)
     trainer = train(cfg, resume=args.resume, overwrite=args.overwrite)
-    if trainer.is_main and trainer.history:
+    if trainer.is_main and trainer.history and cfg.task:  # a fine-tuned model answers rather than continues
+        print(f"talk to it: gptbook chat {cfg.out_dir}")
+    elif trainer.is_main and trainer.history:
         if args.sample_tokens > 0:
             print(f"\n--- a sample from the model at step {trainer.step} ---")
             _print_sample(trainer.model.eval(), trainer.data.tokenizer, args.sample_tokens, cfg.seed)
@@ -409,7 +419,7 @@ def build_parser(command: str | None = None, preset: str | None = None) -> argpa
         "`torchrun --standalone --nproc_per_node 8 -m gptbook train ...`.",
     )
     p.add_argument("--version", action="version", version=f"gptbook {gptbook.__version__}")
-    sub = p.add_subparsers(dest="command", metavar="{train,sample,eval,tokenizer}")
+    sub = p.add_subparsers(dest="command", metavar="{train,sft,sample,eval,tokenizer,chat,serve}")
     t = sub.add_parser(
         "train",
         help="train a model (no arguments: the CPU baby model on Tiny Shakespeare)",
@@ -417,6 +427,13 @@ def build_parser(command: str | None = None, preset: str | None = None) -> argpa
         "context 64, batch 12, lr 1e-3, 2,000 steps) on Tiny Shakespeare characters, into out/.",
     )
     t.set_defaults(func=_train, flags=_add_train_args(t, preset) if command in (None, "train") else {})
+    f = sub.add_parser(
+        "sft",
+        help="fine-tune a model on a task's conversations (chapter 16)",
+        description="Fine-tune the model of --init-from on --task's conversations, the loss on the answers alone; "
+        "--lora-rank R trains low-rank adapters instead of every weight.",
+    )
+    f.set_defaults(func=_train, flags=_add_train_args(f, preset, sft=True) if command in (None, "sft") else {})
     s = sub.add_parser(
         "sample",
         help="generate text from a trained model",
@@ -424,6 +441,7 @@ def build_parser(command: str | None = None, preset: str | None = None) -> argpa
     )
     s.set_defaults(func=_sample, flags=_add_sample_args(s))
     _add_eval_and_tokenizer(sub)
+    add_commands(sub)  # chat and serve (appendix A6)
     return p
 
 

@@ -243,13 +243,38 @@ ALLOWED_IMPORTS = {
     "weights": {"config", "positions"},  # reads nanoGPT and Hugging Face weights into our names; builds no model
     "data": {"adapters", "corpus", "tokenizer", "files"},
     "checkpoint": {"chat", "files", "config", "model", "tokenizer"},  # chat: a LoRA run's adapters merged on load
-    "runs": {"chat", "checkpoint", "config", "corpus", "data", "faster", "hf", "files", "model", "options", "tokenizer"},
+    "runs": {
+        "chat",
+        "checkpoint",
+        "config",
+        "corpus",
+        "data",
+        "faster",
+        "hf",
+        "files",
+        "model",
+        "options",
+        "tokenizer",
+    },
     "train": {"chat", "checkpoint", "config", "data", "faster", "model", "options", "runs"},
     "chat": {"corpus", "files", "sample", "tokenizer"},  # chapter 16: tasks, template, LoRA; train and runs use it
     "faster": set(),  # chapter 15's optimizer and matmul ceiling: torch only, so the trainer of chapter 8 can use them
     "sample": {"adapters", "options", "tokenizer"},  # duck-types the model: no model, no trainer
     "hf": {"config", "files", "model", "positions", "tokenizer", "weights"},
-    "cli": {"checkpoint", "config", "files", "hf", "model", "options", "sample", "tokenizer", "runs", "train"},
+    "cli": {
+        "chat",
+        "checkpoint",
+        "config",
+        "files",
+        "hf",
+        "model",
+        "options",
+        "sample",
+        "serve",
+        "tokenizer",
+        "runs",
+        "train",
+    },
     "inspect": {"positions", "attention"},  # hooks on the model's own layers; the attention-only model reuses them
     "serve": {"adapters", "chat", "checkpoint", "options", "sample"},  # chat and HTTP over chapter 16's template
 }
