@@ -157,7 +157,9 @@ IGNORE = -100  # F.cross_entropy's ignore_index: a target that takes no loss
 # %% ../nbs/16_assistant.ipynb #c16rows02
 def conversation_rows(items, tokenizer) -> torch.Tensor:
     "One row per (question, answer): its ids, and its targets (IGNORE but on the answer), padded to the longest."
-    rendered = [render([{"role": "user", "content": q}, {"role": "assistant", "content": a}], tokenizer) for q, a in items]
+    rendered = [
+        render([{"role": "user", "content": q}, {"role": "assistant", "content": a}], tokenizer) for q, a in items
+    ]
     end, width = chat_ids(tokenizer)[2], max(len(ids) for ids, _ in rendered)
     rows = torch.full((len(rendered), 2, width), IGNORE, dtype=torch.long)
     for row, (ids, mask) in zip(rows, rendered):
