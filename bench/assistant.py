@@ -1,5 +1,6 @@
 """Chapter 16's measurements: the BPE baby fine-tuned on each task, fully and with LoRA, scored by exact match on
-held-out test items against the most frequent answer and the base model prompted few-shot; 95% bootstrap intervals.
+held-out test items against the most frequent answer and the base model prompted few-shot; then the model fine-tuned
+on `add` (AFTER) fine-tuned further on each other task, fully and with LoRA. 95% bootstrap intervals.
 
     python bench/assistant.py [--threads 2] [--n-test 500]
 
@@ -21,6 +22,7 @@ from gptbook.checkpoint import load_checkpoint
 from gptbook.runs import machine, read_metrics
 
 LORA_RANK = 2
+AFTER = "add"  # the chat model that the second comparison of LoRA and full fine-tuning starts from
 
 
 def train_seconds(run: Path) -> float:
@@ -50,6 +52,19 @@ def measure(task: str, base, n_test: int) -> dict:
     return out
 
 
+def measure_after(task: str, n_test: int) -> dict:
+    "Full fine-tuning and LoRA of the model fine-tuned on AFTER, on `task`."
+    test = task_items(task, "test", n_test)
+    runs = {"full": sft_run(task, after=AFTER), "lora": sft_run(task, LORA_RANK, after=AFTER)}
+    checkpoints = {name: load_checkpoint(run) for name, run in runs.items()}
+    scores = {name: exact_match(ck.model, ck.tokenizer, test) for name, ck in checkpoints.items()}
+    out = {name: bootstrap(s) for name, s in scores.items()}
+    out["lora_minus_full"] = bootstrap(scores["lora"], scores["full"])
+    out |= {f"{name}_seconds": train_seconds(run) for name, run in runs.items()}
+    print(f"{task} after {AFTER}", json.dumps(out), flush=True)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
@@ -60,9 +75,12 @@ def main():
     tasks = {task: measure(task, base, args.n_test) for task in TASKS}
     model = load_checkpoint(sft_run(next(iter(TASKS)))).model
     parameters = sum(p.numel() for p in model.parameters())
-    trained = sum(p.numel() for p in add_lora(model, LORA_RANK).parameters() if p.requires_grad)
+    adapters = sum(p.numel() for n, p in add_lora(model, LORA_RANK).named_parameters() if "lora_" in n)
+    trained = adapters + 3 * model.config.d_model  # and the chat tokens' rows of the (tied) embedding
     results = {"machine": machine("cpu"), "n_test": args.n_test, "parameters": parameters, "lora_trained": trained}
     results["tasks"] = tasks
+    results["after"] = AFTER
+    results["after_tasks"] = {task: measure_after(task, args.n_test) for task in TASKS if task != AFTER}
     path = Path(__file__).parent / "results" / "assistant.json"
     path.write_text(json.dumps(results, indent=1) + "\n")
     print(f"wrote {path}")

@@ -56,11 +56,12 @@ def baby_run(tokenizer: Literal["char", "bpe"] = "char", *, cache_dir=None) -> P
     return cached_run(baby_config(tokenizer), f"baby run ({tokenizer})", f"baby-{tokenizer}", cache_dir, extra)
 
 
-def sft_run(task: str, lora_rank: int = 0, *, cache_dir=None) -> Path:
-    "The BPE baby fine-tuned on `task` (chapter 16), with adapters of `lora_rank` or fully (0), trained once."
-    base = str(baby_run("bpe", cache_dir=cache_dir))
+def sft_run(task: str, lora_rank: int = 0, *, after: str | None = None, cache_dir=None) -> Path:
+    """The BPE baby (or its `sft_run(after)`) fine-tuned on `task` (chapter 16), with adapters of `lora_rank` or fully
+    (0), trained once."""
+    base = str(sft_run(after, cache_dir=cache_dir) if after else baby_run("bpe", cache_dir=cache_dir))
     cfg = TrainConfig.from_dict(sft_config(init_from=base, task=task, lora_rank=lora_rank, progress=False))
-    name = f"sft-{task}" + (f"-lora{lora_rank}" if lora_rank else "")
+    name = f"sft-{task}" + (f"-after-{after}" if after else "") + (f"-lora{lora_rank}" if lora_rank else "")
     return cached_run(cfg, f"{name} run", name, cache_dir)
 
 
