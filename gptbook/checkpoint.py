@@ -296,7 +296,7 @@ def _load(path, device) -> Checkpoint:
     except (TypeError, ValueError) as e:  # an edited or foreign model_config: one line naming the file
         raise ValueError(f"{state['path'] / STATE}: its model_config cannot be built ({e})") from None
     model = GPT(config)
-    if rank := (state["train_config"] or {}).get("lora_rank"):  # chapter 16: adapters beside frozen weights, merged
+    if rank := (state.get("train_config") or {}).get("lora_rank"):  # chapter 16: adapters beside frozen weights, merged
         add_lora(model, rank)
     load_weights(model, state)
     merge_lora(model)
