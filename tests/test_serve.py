@@ -421,18 +421,13 @@ def test_a_missing_server_library_is_one_line_naming_the_extra(run, monkeypatch)
 
 
 def test_the_commands_run_in_a_real_process(run):
-    "`gptbook chat` with lines on its input, and `gptbook serve`'s first lines, through add_commands."
-    code = (
-        "import argparse, sys\nfrom gptbook.serve import add_commands\n"
-        "p = argparse.ArgumentParser(prog='gptbook')\nadd_commands(p.add_subparsers())\n"
-        "a = p.parse_args(sys.argv[1:])\nsys.exit(a.func(a))\n"
-    )
+    "`gptbook chat` with lines on its input, and `gptbook serve`'s first lines, as a user runs them."
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    chat = subprocess.run([sys.executable, "-c", code, "chat", str(run), "--seed", "0"], input="What is 1 + 2?\n",
+    chat = subprocess.run([sys.executable, "-m", "gptbook", "chat", str(run), "--seed", "0"], input="What is 1 + 2?\n",
                           capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
     assert chat.returncode == 0 and chat.stdout.count("model> ") == 1, chat.stderr
     port = free_port()
-    serve = subprocess.Popen([sys.executable, "-c", code, "serve", str(run), "--port", str(port)],
+    serve = subprocess.Popen([sys.executable, "-m", "gptbook", "serve", str(run), "--port", str(port)],
                              stdout=subprocess.PIPE, text=True, env=env)  # fmt: skip
     try:
         first = serve.stdout.readline() + serve.stdout.readline()
