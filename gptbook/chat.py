@@ -33,6 +33,7 @@ def split_of(question: str) -> str:
     return "train" if bucket < 8 else "val" if bucket == 8 else "test"
 
 # %% ../nbs/16_assistant.ipynb #c16tasks1
+#| code-fold: true
 @functools.cache
 def _lines() -> list[str]:
     "Tiny Shakespeare's spoken lines of 20 to 40 characters (not the speakers' names)."
@@ -221,6 +222,7 @@ def sft_config(**options) -> dict:
     return {**SFT, **({"lr": LORA_LR} if options.get("lora_rank") else {}), **options}
 
 # %% ../nbs/16_assistant.ipynb #c16meas02
+#| code-fold: true
 @torch.no_grad()
 def complete(model, prompts, max_new_tokens: int, stop: int | None = None, batch_size: int = 64, **sampling):
     "The new ids of each prompt (lists of ids), to `stop` (left out) or `max_new_tokens`; greedy by default."
@@ -302,6 +304,7 @@ def merge_lora(model: nn.Module) -> nn.Module:
     return model
 
 # %% ../nbs/16_assistant.ipynb #c16lora04
+#| code-fold: true
 def save_adapters(model: nn.Module, path) -> None:
     "Write what LoRA trains (adapters, new token rows), atomically: a few hundred kB, loadable onto their base."
     tensors = {k: p.detach().contiguous() for k, p in model.named_parameters() if p.requires_grad}
