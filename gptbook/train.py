@@ -32,7 +32,8 @@ from .model import GPT, autocast, lm_loss, pick_device, pick_dtype
 from .options import OptionError, Options, option
 from .runs import FIXED_BY_WEIGHTS, FIXED_ON_RESUME, append_metrics, check_fits, commit_run, header, interrupted
 from .runs import TrainingDiverged, check_evaluation, last_good, pretrained, run_data, run_lock, save_run_config
-from .runs import Progress, load_run_config, pick_threads, start_run, summary, tensorboard_writer, to_tensorboard, trim_metrics
+from .runs import load_run_config
+from .runs import Progress, pick_threads, start_run, summary, tensorboard_writer, to_tensorboard, trim_metrics
 
 # %% auto #0
 __all__ = ['lr_at', 'param_groups', 'make_optimizer', 'TrainConfig', 'Ranks', 'Trainer', 'init_distributed', 'train', 'train_sft']
