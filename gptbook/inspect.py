@@ -44,13 +44,11 @@ def attention_weights(attn: MultiHeadAttention, x: torch.Tensor, rope=None) -> t
 class Recording:
     "What `record` saw, in call order: one entry per layer and forward pass."
 
-    # (B, n_heads, T, T) per attention layer
-    attn: list = field(default_factory=list)
-    # (B, T, d_model): the blocks' input, then the stream after each block
-    resid: list = field(default_factory=list)
-    # (B, T, n_heads, head_dim) per attention layer: each head's output, as
-    # its c_proj received it (after any `patch`)
-    heads: list = field(default_factory=list)
+    attn: list = field(default_factory=list)  # (B, n_heads, T, T) per attention layer
+    resid: list = field(default_factory=list)  # (B, T, d_model): the blocks' input, then the stream after each block
+    heads: list = field(
+        default_factory=list
+    )  # (B, T, n_heads, head_dim) per layer: what its c_proj got (after `patch`)
 
 
 @contextmanager
@@ -65,8 +63,7 @@ def record(model: nn.Module):
     def save_weights(attn, args, kwargs, out):
         if kwargs.get("cache") is not None:
             raise ValueError("record() reads whole sequences: call the model without a KV cache inside it")
-        weights = attention_weights(attn, args[0], kwargs.get("rope"))
-        rec.attn.append(weights.detach())
+        rec.attn.append(attention_weights(attn, args[0], kwargs.get("rope")).detach())
 
     def save_heads(n_heads):
         def hook(proj, args, out):  # args: what the projection was given
@@ -120,10 +117,7 @@ def patch(model: nn.Module, outputs: dict):
 
         return hook
 
-    handles = []
-    for i, values in by_layer.items():
-        hook = replace(layers[i].head_dim, values)
-        handles.append(layers[i].c_proj.register_forward_pre_hook(hook))
+    handles = [layers[i].c_proj.register_forward_pre_hook(replace(layers[i].head_dim, v)) for i, v in by_layer.items()]
     try:
         yield
     finally:
@@ -295,10 +289,7 @@ def patch_heads(model, clean, corrupted, period: int) -> list[dict]:
     with torch.no_grad(), record(model) as rec:
         model(clean)
     first = (torch.arange(clean.shape[1]) < period)[:, None]  # (T, 1)
-    rows = [
-        dict(head=None, how="clean", **run(clean, {})),
-        dict(head=None, how="corrupted", **run(corrupted, {})),
-    ]
+    rows = [dict(head=None, how="clean", **run(clean, {})), dict(head=None, how="corrupted", **run(corrupted, {}))]
     for layer, outputs in enumerate(rec.heads):  # (B, T, n_heads, head_dim)
         for head in range(outputs.shape[2]):
             y = outputs[:, :, head]  # (B, T, head_dim): its output on clean
@@ -320,7 +311,4 @@ def circuit_test(model, seed=0, periods=(8, 16), period=12, batch_size=256):
     clean = repeated_tokens(batch_size, period, vocab_size, g)  # (B, 2 period)
     fresh = torch.randint(vocab_size, (batch_size, period), generator=g)
     corrupted = torch.cat([fresh, clean[:, period:]], dim=1)  # nothing to copy
-    return dict(
-        ablation=head_costs(model, batch, clean, period),
-        patching=patch_heads(model, clean, corrupted, period),
-    )
+    return dict(ablation=head_costs(model, batch, clean, period), patching=patch_heads(model, clean, corrupted, period))
