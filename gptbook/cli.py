@@ -82,8 +82,7 @@ def _parse_as(kind, optional: bool):
     parse.__name__ = kind.__name__  # argparse names the type in its messages
     return parse
 
-# %% ../nbs/A4_cli.ipynb #ce106aa9
-#| code-fold: true
+
 def _default_text(f: dataclasses.Field, default) -> str:
     "How the help shows a field's default."
     if default is dataclasses.MISSING:
@@ -128,27 +127,17 @@ def add_options(parser, cls, title: str, defaults: dict | None = None, skip=()) 
     for f in dataclasses.fields(cls):
         if not f.metadata.get("cli", True) or f.name in skip:
             continue
-        default = defaults.get(f.name, _field_default(f))
+        default = defaults.get(f.name, f.default if f.default_factory is dataclasses.MISSING else f.default_factory())
         names, kw = _argument(f, hints[f.name], default)
         group.add_argument(*names, **kw)
         flags[f.name] = names[0]
     return flags
 
 
-def _field_default(f: dataclasses.Field):
-    if f.default_factory is not dataclasses.MISSING:
-        return f.default_factory()
-    return f.default
-
-
 def given(args, names) -> dict:
     "The fields among `names` that were given on the command line (`--x none` gives None)."
-    out = {}
-    for name in names:
-        value = getattr(args, name, None)
-        if value is not None:
-            out[name] = None if value is UNSET else tuple(value) if isinstance(value, list) else value
-    return out
+    values = {name: v for name in names if (v := getattr(args, name, None)) is not None}
+    return {name: None if v is UNSET else tuple(v) if isinstance(v, list) else v for name, v in values.items()}
 
 # %% ../nbs/A4_cli.ipynb #579376a5
 def _add_train_args(p: argparse.ArgumentParser, preset: str | None = None) -> dict[str, str]:
@@ -166,15 +155,11 @@ def _add_train_args(p: argparse.ArgumentParser, preset: str | None = None) -> di
     )
     run.add_argument("--config", metavar="JSON", help="replay a run: a run folder or its config.json (flags override)")
     run.add_argument(
-        "--sample-tokens",
-        type=int,
-        default=300,
-        metavar="N",
-        help="tokens of the closing sample; 0: none (default: 300)",
+        "--sample-tokens", type=int, default=300, metavar="N", help="closing sample: N tokens, 0: none (default: 300)"
     )
     return {**flags, **model_flags, "config": "--config"}
 
-# %% ../nbs/A4_cli.ipynb #02a2ea8f
+
 def _flags(args, names) -> str:
     return ", ".join(args.flags.get(n, "--" + n.replace("_", "-")) for n in names)
 
@@ -255,9 +240,7 @@ def _add_sample_args(p: argparse.ArgumentParser) -> dict[str, str]:
     run.add_argument("--seed", type=int, default=None, metavar="N", help="random seed for reproducible samples")
     run.add_argument("--num-samples", type=int, default=1, metavar="N", help="how many samples (default: 1)")
     run.add_argument(
-        "--stream",
-        action=argparse.BooleanOptionalAction,
-        help="print text as it is generated (default: on when the output is a terminal)",
+        "--stream", action=argparse.BooleanOptionalAction, help="print text as it comes (default: on in a terminal)"
     )
     return add_options(p, SamplingConfig, "sampling (SamplingConfig)", defaults=SAMPLE_DEFAULTS)
 
@@ -313,8 +296,6 @@ def _check_sample_args(args):
         raise ValueError(f"--num-samples must be at least 1, got {args.num_samples}")
     if args.seed is not None and not 0 <= args.seed < 2**32:
         raise ValueError(f"--seed must be between 0 and 2**32 - 1 (4294967295), got {args.seed}")
-    if not args.prompt:
-        raise ValueError("--prompt is empty: give at least one character to continue (the default is a newline)")
 
 
 def _sample(args) -> int:
@@ -384,8 +365,6 @@ def _add_tokenizer_args(p: argparse.ArgumentParser) -> dict:
 def _tokenizer_train(args) -> int:
     if args.char == (args.vocab_size is not None) or (args.char and (args.special or not args.pattern)):
         raise ValueError("give --vocab-size N for a BPE, or --char alone for one id per character")
-    if not args.char and args.vocab_size < 256:
-        raise ValueError(f"--vocab-size must be at least 256 (the bytes), got {args.vocab_size}")
     text = read_text(args.file)
     if not text:
         raise ValueError(f"{args.file} is empty: there is no text to learn merges from")
@@ -438,7 +417,7 @@ def _add_eval_and_tokenizer(sub) -> None:
     tt = tsub.add_parser("train", help="train a BPE tokenizer on a text file", description="Train a BPE tokenizer.")
     tt.set_defaults(func=_tokenizer_train, flags=_add_tokenizer_args(tt))
 
-# %% ../nbs/A4_cli.ipynb #890af4b8
+
 def main(argv=None) -> int:
     "Entry point of the `gptbook` command; returns the exit status."
     argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
