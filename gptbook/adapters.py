@@ -270,10 +270,8 @@ def as_tokenizer(tokenizer):
     """`tokenizer` as gptbook uses it: a tiktoken.Encoding or an HF tokenizer in a TokenizerAdapter; gptbook's own
     (any other object with `encode`, `decode` and `vocab_size`, known without importing them) as it is."""
     if hasattr(tokenizer, "decode_single_token_bytes") and hasattr(tokenizer, "encode_ordinary"):  # tiktoken
-        enc = tokenizer
-        return TokenizerAdapter(
-            enc, "tiktoken", enc.encode_ordinary, enc.decode, enc.n_vocab, enc.decode_single_token_bytes
-        )
+        t = tokenizer
+        return TokenizerAdapter(t, "tiktoken", t.encode_ordinary, t.decode, t.n_vocab, t.decode_single_token_bytes)
     if type(tokenizer).__module__.startswith("tokenizers") and hasattr(tokenizer, "get_vocab_size"):
         return _adapt_hf(tokenizer, tokenizer, "tokenizers.Tokenizer")
     if hasattr(tokenizer, "convert_ids_to_tokens") and hasattr(tokenizer, "decode"):  # transformers

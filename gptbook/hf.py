@@ -18,7 +18,7 @@ from .files import atomic_dir
 from .model import GPT
 from .positions import rope_halves_to_interleaved
 from .tokenizer import BPETokenizer
-from .weights import gpt2_plan, hf_folder, llama_plan, load_hf, load_nanogpt
+from .weights import _rope_rows, gpt2_plan, hf_folder, llama_plan, load_hf, load_nanogpt
 
 _all_ = ["load_hf"]  # gptbook.hf.load_hf: the reader lives in gptbook.weights
 
@@ -110,16 +110,12 @@ def _hf_config(c: GPTConfig) -> dict:
     "The Hugging Face config.json (as a dict) of a GPTConfig: the inverse of `config_from_hf`."
     return _gpt2_hf_config(c) if _hf_style(c) == "gpt2" else _llama_hf_config(c)
 
-# %% ../nbs/A3_interop.ipynb #eeaa77ff
+
 def _split_qkv(c: GPTConfig, w: torch.Tensor, sizes: list) -> list:
     "c_attn's [q | k | v] rows cut into q_proj, k_proj, v_proj, with q and k re-paired from interleaved to halves."
     back = torch.argsort(rope_halves_to_interleaved(c.head_dim))  # the inverse permutation
-
-    def rope_rows(w, n_heads):
-        return w.reshape(n_heads, c.head_dim, *w.shape[1:])[:, back].reshape(w.shape)
-
     q, k, v = torch.split(w, sizes)
-    return [rope_rows(q, c.n_heads), rope_rows(k, c.resolved_kv_heads), v]
+    return [_rope_rows(q, c.n_heads, back), _rope_rows(k, c.resolved_kv_heads, back), v]
 
 
 def _hf_state_dict(model: GPT) -> dict:
