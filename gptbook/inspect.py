@@ -46,19 +46,15 @@ class Recording:
 
     attn: list = field(default_factory=list)  # (B, n_heads, T, T) per attention layer
     resid: list = field(default_factory=list)  # (B, T, d_model): the blocks' input, then the stream after each block
-    heads: list = field(
-        default_factory=list
-    )  # (B, T, n_heads, head_dim) per layer: what its c_proj got (after `patch`)
+    heads: list = field(default_factory=list)  # (B, T, n_heads, head_dim) per layer: what c_proj got (after `patch`)
 
 
 @contextmanager
 def record(model: nn.Module):
     "Inside the `with`, each forward pass of `model` appends to a Recording."
     if not isinstance(getattr(model, "blocks", None), nn.ModuleList):
-        raise TypeError(
-            f"record() needs a model with a `blocks` ModuleList (GPT, AttentionOnly), got {type(model).__name__}"
-        )
-    rec, handles = Recording(), []
+        raise TypeError(f"record() needs a model with a `blocks` ModuleList (a GPT), got {type(model).__name__}")
+    rec = Recording()
 
     def save_weights(attn, args, kwargs, out):
         if kwargs.get("cache") is not None:
@@ -71,15 +67,9 @@ def record(model: nn.Module):
 
         return hook
 
-    def save_input(blk, args):
-        rec.resid.append(args[0].detach())
-
-    def save_output(blk, args, out):
-        rec.resid.append(out.detach())
-
     layers = attention_layers(model)
-    handles.append(model.blocks[0].register_forward_pre_hook(save_input))
-    handles += [blk.register_forward_hook(save_output) for blk in model.blocks]
+    handles = [model.blocks[0].register_forward_pre_hook(lambda m, args: rec.resid.append(args[0].detach()))]
+    handles += [b.register_forward_hook(lambda m, args, out: rec.resid.append(out.detach())) for b in model.blocks]
     handles += [a.register_forward_hook(save_weights, with_kwargs=True) for a in layers]
     handles += [a.c_proj.register_forward_hook(save_heads(a.n_heads)) for a in layers]
     try:
@@ -237,9 +227,7 @@ def train_induction(
     history, t0 = [], time.perf_counter()
     for step in range(steps + 1):
         if step % eval_every == 0 or step == steps:
-            model.eval()
-            h = _measure(model, eval_batch, probe, probe_period)
-            history.append(dict(step=step, **h))
+            history.append(dict(step=step, **_measure(model.eval(), eval_batch, probe, probe_period)))
             model.train()
         if step == steps:
             break
