@@ -27,11 +27,7 @@ _GPT2_NEEDS = (  # (field, the test a GPT2LMHeadModel can express, what to set i
     ("norm", lambda c: c.norm == "layernorm", "norm='layernorm'"),
     ("ffn", lambda c: c.ffn in ("gelu", "gelu_tanh"), "ffn='gelu_tanh' (GPT-2's) or 'gelu'"),
     ("bias", lambda c: c.bias, "bias=True (GPT-2 always has biases)"),
-    (
-        "n_kv_heads",
-        lambda c: c.resolved_kv_heads == c.n_heads,
-        "n_kv_heads=None (GPT-2 has no grouped-query attention)",
-    ),
+    ("n_kv_heads", lambda c: c.resolved_kv_heads == c.n_heads, "n_kv_heads=None (GPT-2 has no grouped queries)"),
 )
 _LLAMA_NEEDS = (
     ("norm", lambda c: c.norm == "rmsnorm", "norm='rmsnorm'"),
@@ -216,8 +212,7 @@ def save_hf(model: GPT, folder, tokenizer=None, trained: dict | None = None) -> 
     model = getattr(model, "_orig_mod", model)  # a torch.compile wrapper: save the model inside
     if not isinstance(model, GPT):
         raise TypeError(f"save_hf saves a gptbook GPT, got a {type(model).__name__}")
-    bad = next((k for k, w in model.state_dict().items() if not torch.isfinite(w).all()), None)
-    if bad is not None:
+    if (bad := next((k for k, w in model.state_dict().items() if not torch.isfinite(w).all()), None)) is not None:
         raise ValueError(f"save_hf: the model's {bad} holds NaN or infinite weights; save a model that trained well")
     folder = Path(folder)
     _check_destination(folder)

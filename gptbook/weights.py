@@ -33,8 +33,7 @@ def _architecture(hf: dict) -> str:
     if arch == "LlamaForCausalLM" or (arch is None and model_type == "llama"):
         return "llama"
     raise ValueError(
-        f"unsupported architecture {arch or model_type!r}: GPT.from_hf reads GPT2LMHeadModel and "
-        f"LlamaForCausalLM folders"
+        f"unsupported architecture {arch or model_type!r}: GPT.from_hf reads GPT2LMHeadModel and LlamaForCausalLM"
     )
 
 
@@ -260,13 +259,11 @@ _SKIP = (".attn.bias", ".attn.masked_bias", "rotary_emb.inv_freq")  # buffers, n
 def _check_weights(tensors: dict, file) -> dict:
     "`tensors`, each a floating-point tensor of finite values (buffers aside); else one line naming it and `file`."
     for name, t in tensors.items():
-        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+        floating = isinstance(t, torch.Tensor) and t.is_floating_point()
+        if not floating and not name.endswith(_SKIP):
             what = f"dtype {t.dtype}" if isinstance(t, torch.Tensor) else f"a {type(t).__name__}"
-            if not name.endswith(_SKIP):
-                raise ValueError(
-                    f"tensor {name!r} of {file} is {what}, not floating-point weights: the file is damaged"
-                )
-        elif not torch.isfinite(t).all():
+            raise ValueError(f"tensor {name!r} of {file} is {what}, not floating-point weights: the file is damaged")
+        if floating and not torch.isfinite(t).all():
             raise ValueError(f"tensor {name!r} of {file} holds NaN or infinite weights: the model cannot be used")
     return tensors
 
@@ -275,10 +272,8 @@ def _take(tensors: dict, name: str, shape: tuple, ours: str, path, implied_by: s
     "The tensor `name` as float32, there and of the shape the config (`implied_by`) implies."
     if name not in tensors:
         raise ValueError(f"tensor {name!r} (for {ours}) is missing from {path}")
-    if tuple(tensors[name].shape) != tuple(shape):
-        raise ValueError(
-            f"tensor {name!r} has shape {tuple(tensors[name].shape)}, but {implied_by} implies {tuple(shape)}"
-        )
+    if (got := tuple(tensors[name].shape)) != tuple(shape):
+        raise ValueError(f"tensor {name!r} has shape {got}, but {implied_by} implies {tuple(shape)}")
     return tensors[name].float()
 
 
@@ -314,12 +309,10 @@ def _load_safetensors(path: Path) -> dict:
 def load_hf(path_or_name) -> tuple:
     "(GPTConfig, state_dict) from a Hugging Face GPT-2 or Llama folder or hub name, mapped to GPT's names and layouts."
     path = hf_folder(path_or_name)
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(
-            f"{path / 'config.json'} not found: pass a Hugging Face model folder (config.json + safetensors)"
-        )
-    hf = _read_json(path / "config.json")
-    config = config_from_hf(hf, source=path / "config.json")  # refuses a model too big for memory: nothing built yet
+    if not (file := path / "config.json").is_file():
+        raise FileNotFoundError(f"{file} not found: pass a Hugging Face model folder (config.json + safetensors)")
+    hf = _read_json(file)
+    config = config_from_hf(hf, source=file)  # refuses a model too big for memory: nothing built yet
     tensors = _load_safetensors(path)
     pre = "transformer." if "transformer.wte.weight" in tensors else ""  # older GPT-2 files lack the prefix
     plan = gpt2_plan(config, pre) if _architecture(hf) == "gpt2" else llama_plan(config)
