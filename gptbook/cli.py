@@ -150,9 +150,7 @@ def _add_train_args(p: argparse.ArgumentParser, preset: str | None = None) -> di
     model_flags = add_options(p, GPTConfig, f"model (GPTConfig: the {preset} preset unless given)", shown)
     run = p.add_argument_group("run")
     run.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
-    run.add_argument(
-        "--overwrite", action="store_true", help="replace the run in --out (once the new one has its first checkpoint)"
-    )
+    run.add_argument("--overwrite", action="store_true", help="replace --out's run once the new one has a checkpoint")
     run.add_argument("--config", metavar="JSON", help="replay a run: a run folder or its config.json (flags override)")
     run.add_argument(
         "--sample-tokens", type=int, default=300, metavar="N", help="closing sample: N tokens, 0: none (default: 300)"
@@ -219,17 +217,11 @@ SAMPLE_DEFAULTS = {"temperature": 0.8, "top_p": 0.9}
 def _add_model_args(run) -> None:
     "The flags that name a model, shared by `gptbook sample` and `gptbook eval` (see _model_to_sample)."
     run.add_argument("run", nargs="?", metavar="RUN", help="a run folder or a checkpoint folder (same as --out)")
-    run.add_argument(
-        "--out", metavar="DIR", help="a run folder (its latest checkpoint) or a checkpoint folder (default: out)"
-    )
+    run.add_argument("--out", metavar="DIR", help="a run folder (its latest checkpoint) or a checkpoint (default: out)")
     run.add_argument("--hf", metavar="FOLDER", help="a Hugging Face GPT-2 or Llama model (hub name or folder)")
     run.add_argument("--nanogpt", metavar="CKPT", help="a nanoGPT checkpoint (ckpt.pt); needs --tokenizer")
-    run.add_argument(
-        "--tokenizer", metavar="PATH", help="a gptbook tokenizer file (default: the model's own tokenizer)"
-    )
-    run.add_argument(
-        "--device", default="auto", metavar="DEVICE", help="auto, cpu, cuda, cuda:N or mps (default: auto)"
-    )
+    run.add_argument("--tokenizer", metavar="PATH", help="a gptbook tokenizer file (default: the model's own)")
+    run.add_argument("--device", default="auto", metavar="DEVICE", help="auto, cpu, cuda[:N] or mps (default: auto)")
 
 
 def _add_sample_args(p: argparse.ArgumentParser) -> dict[str, str]:
@@ -239,9 +231,7 @@ def _add_sample_args(p: argparse.ArgumentParser) -> dict[str, str]:
     run.add_argument("--prompt", default="\n", metavar="TEXT", help="text to continue (default: a newline)")
     run.add_argument("--seed", type=int, default=None, metavar="N", help="random seed for reproducible samples")
     run.add_argument("--num-samples", type=int, default=1, metavar="N", help="how many samples (default: 1)")
-    run.add_argument(
-        "--stream", action=argparse.BooleanOptionalAction, help="print text as it comes (default: on in a terminal)"
-    )
+    run.add_argument("--stream", action=argparse.BooleanOptionalAction, help="stream text (default: on in a terminal)")
     return add_options(p, SamplingConfig, "sampling (SamplingConfig)", defaults=SAMPLE_DEFAULTS)
 
 
@@ -340,9 +330,8 @@ def _eval(args) -> int:
         raise ValueError(f"the model's loss on {args.data} is {nats}: its weights give no usable probabilities")
     loss = nats / (len(ids) - 1)
     print(f"data: {args.data} ({len(text):,} characters, {len(ids):,} tokens, {time.perf_counter() - t0:.1f} s)")
-    print(
-        f"loss {loss:.4f} nats/token, perplexity {math.exp(loss):.2f}, {nats / math.log(2) / len(text):.4f} bits/char"
-    )
+    bits = nats / math.log(2) / len(text)
+    print(f"loss {loss:.4f} nats/token, perplexity {math.exp(loss):.2f}, {bits:.4f} bits/char")
     return 0
 
 # %% ../nbs/A4_cli.ipynb #a4tkc01
@@ -408,9 +397,7 @@ def build_parser(command: str | None = None, preset: str | None = None) -> argpa
 
 def _add_eval_and_tokenizer(sub) -> None:
     "The subcommands `eval` and `tokenizer train`."
-    e = sub.add_parser(
-        "eval", help="score a model on a text file", description="Loss, perplexity and bits per character on a text."
-    )
+    e = sub.add_parser("eval", help="score a model on a text file", description="Loss, perplexity, bits per character.")
     e.set_defaults(func=_eval, flags=_add_eval_args(e))
     tk = sub.add_parser("tokenizer", help="train a BPE tokenizer", description="Tokenizer tools.")
     tsub = tk.add_subparsers(dest="tokenizer_command", metavar="{train}", required=True)
