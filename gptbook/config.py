@@ -101,8 +101,7 @@ class GPTConfig(Options):
             raise OptionError("preset", f"unknown preset {name!r}: use one of {', '.join(PRESETS)}")
         presets = {"baby": cls.baby, "gpt2-small": cls.gpt2_small, "llama-style": cls.llama_style}
         presets["speedrun"] = lambda vocab_size: cls.baby(vocab_size, positions="rope")  # chapter 15's record
-        preset = presets[name]
-        return cls.from_dict({**preset(vocab_size=vocab_size).to_dict(), **overrides})
+        return cls.from_dict({**presets[name](vocab_size=vocab_size).to_dict(), **overrides})
 
 # %% ../nbs/06_model.ipynb #74265209
 _GPT_RULES = (  # (the field to blame, when the rule is broken, why: formatted with c = the config)

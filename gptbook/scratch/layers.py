@@ -59,12 +59,7 @@ def swiglu(params: dict, x: np.ndarray) -> np.ndarray:
     return proj("down_proj", silu(proj("gate_proj", x)) * proj("up_proj", x))  # (..., d_model)
 
 # %% ../../nbs/05_blocks.ipynb #babf10f8
-def layer_norm(
-    x: np.ndarray,
-    weight: np.ndarray,
-    bias: np.ndarray | None = None,
-    eps: float = 1e-5,
-) -> np.ndarray:
+def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None, eps: float = 1e-5) -> np.ndarray:
     "LayerNorm over the last axis (biased variance)."
     mu = x.mean(-1, keepdims=True)  # (..., 1)
     var = ((x - mu) ** 2).mean(-1, keepdims=True)  # / d
