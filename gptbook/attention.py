@@ -64,7 +64,8 @@ class KVCache:
     def reset(self):
         self.pos = 0
 
-
+# %% ../nbs/03_attention.ipynb #e766198e
+#| code-fold: true
 class MultiHeadAttention(nn.Module):
     "Causal multi-head self-attention with one fused q/k/v projection; grouped-query when n_kv_heads < n_heads."
 

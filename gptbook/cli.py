@@ -82,7 +82,8 @@ def _parse_as(kind, optional: bool):
     parse.__name__ = kind.__name__  # argparse names the type in its messages
     return parse
 
-
+# %% ../nbs/A4_cli.ipynb #ce106aa9
+#| code-fold: true
 def _default_text(f: dataclasses.Field, default) -> str:
     "How the help shows a field's default."
     if default is dataclasses.MISSING:
@@ -157,7 +158,7 @@ def _add_train_args(p: argparse.ArgumentParser, preset: str | None = None) -> di
     )
     return {**flags, **model_flags, "config": "--config"}
 
-
+# %% ../nbs/A4_cli.ipynb #02a2ea8f
 def _flags(args, names) -> str:
     return ", ".join(args.flags.get(n, "--" + n.replace("_", "-")) for n in names)
 
@@ -404,7 +405,7 @@ def _add_eval_and_tokenizer(sub) -> None:
     tt = tsub.add_parser("train", help="train a BPE tokenizer on a text file", description="Train a BPE tokenizer.")
     tt.set_defaults(func=_tokenizer_train, flags=_add_tokenizer_args(tt))
 
-
+# %% ../nbs/A4_cli.ipynb #890af4b8
 def main(argv=None) -> int:
     "Entry point of the `gptbook` command; returns the exit status."
     argv = sys.argv[1:] if argv is None else [str(a) for a in argv]

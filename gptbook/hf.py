@@ -106,7 +106,7 @@ def _hf_config(c: GPTConfig) -> dict:
     "The Hugging Face config.json (as a dict) of a GPTConfig: the inverse of `config_from_hf`."
     return _gpt2_hf_config(c) if _hf_style(c) == "gpt2" else _llama_hf_config(c)
 
-
+# %% ../nbs/A3_interop.ipynb #eeaa77ff
 def _split_qkv(c: GPTConfig, w: torch.Tensor, sizes: list) -> list:
     "c_attn's [q | k | v] rows cut into q_proj, k_proj, v_proj, with q and k re-paired from interleaved to halves."
     back = torch.argsort(rope_halves_to_interleaved(c.head_dim))  # the inverse permutation

@@ -252,7 +252,7 @@ def hf_folder(path_or_name) -> Path:
         return _download(path_or_name)
     return path
 
-
+# %% ../nbs/A3_interop.ipynb #6a595971
 _SKIP = (".attn.bias", ".attn.masked_bias", "rotary_emb.inv_freq")  # buffers, not weights
 
 

@@ -36,7 +36,7 @@ def _config(config) -> SimpleNamespace:
             fields[name] = _DEFAULTS[name]
     return SimpleNamespace(**fields)
 
-
+# %% ../../nbs/06_model.ipynb #6383b73f
 def forward(params: dict, idx, config) -> np.ndarray:
     "Logits (B, T, vocab_size) of the GPT `config` describes; params: NumPy arrays keyed like GPT.state_dict()."
     c = _config(config)
