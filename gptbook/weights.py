@@ -197,8 +197,7 @@ def _shard_files(path: Path, index: Path) -> list[Path]:
     if not isinstance(weight_map, dict) or not all(isinstance(s, str) for s in weight_map.values()):
         raise ValueError(f'{index} has no "weight_map" from tensor names to shard files: download it again')
     names = [PurePath(shard) for shard in sorted(set(weight_map.values()))]
-    outside = next((n for n in names if not n.parts or n.anchor or ".." in n.parts), None)  # "", ".", "/x", "../x"
-    if outside is not None:
+    if outside := next((n for n in names if not n.parts or n.anchor or ".." in n.parts), None):  # "", ".", "/x", "../x"
         raise ValueError(f"{index} lists the shard {str(outside)!r}, which is not a file inside {path}: not read")
     return [path / name for name in names]
 
@@ -324,12 +323,7 @@ def load_hf(path_or_name) -> tuple:
 # %% ../nbs/A3_interop.ipynb #d82557eb
 def clean_state_dict(state_dict: dict) -> dict:
     "The state_dict with the `_orig_mod.` (torch.compile) and `module.` (DDP) prefixes removed from every key."
-    out = {}
-    for key, value in state_dict.items():
-        while key.startswith(("_orig_mod.", "module.")):
-            key = key.split(".", 1)[1]
-        out[key] = value
-    return out
+    return {re.sub(r"^(?:(?:_orig_mod|module)\.)+", "", key): value for key, value in state_dict.items()}
 
 # %% ../nbs/A3_interop.ipynb #057ab3bd
 def _asked_global(path: Path) -> str | None:
