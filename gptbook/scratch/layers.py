@@ -75,15 +75,10 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float = 1e-5) -> np.ndarray
 # %% ../../nbs/05_blocks.ipynb #ee67098a
 #| code-fold: true
 #| code-summary: "make_norm and make_ffn in NumPy: the function a sublayer computes, by name"
-def _layer_norm(params, eps, x):
-    return layer_norm(x, param(params, "weight"), params.get("bias"), eps)
-
-
-def _rms_norm(params, eps, x):
-    return rms_norm(x, param(params, "weight"), eps)
-
-
-_NORMS = {"layernorm": _layer_norm, "rmsnorm": _rms_norm}
+_NORMS = {  # (params, eps, x) -> the norm of x
+    "layernorm": lambda params, eps, x: layer_norm(x, param(params, "weight"), params.get("bias"), eps),
+    "rmsnorm": lambda params, eps, x: rms_norm(x, param(params, "weight"), eps),
+}
 _FFNS = {
     "gelu": functools.partial(feed_forward, activation="gelu"),
     "gelu_tanh": functools.partial(feed_forward, activation="gelu_tanh"),
