@@ -186,6 +186,4 @@ class Options:
 def _from_json(hint, value):
     "Turn a JSON list back into a tuple where the field is a tuple."
     base, _ = split_optional(hint)
-    if (typing.get_origin(base) or base) is tuple and isinstance(value, list):
-        return tuple(value)
-    return value
+    return tuple(value) if (typing.get_origin(base) or base) is tuple and isinstance(value, list) else value
