@@ -18,7 +18,9 @@ def learned_positions(table: np.ndarray, T: int, start: int = 0) -> np.ndarray:
     "Rows start..start+T-1 of a learned (max_seq_len, d_model) position table."
     max_seq_len = table.shape[0]
     if T < 0 or start < 0 or start + T > max_seq_len:
-        raise ValueError(f"positions {start}..{start + T - 1} exceed max_seq_len={max_seq_len}: crop the context")
+        raise ValueError(
+            f"positions {start}..{start + T - 1} exceed max_seq_len={max_seq_len} (T={T}): crop the context"
+        )
     return table[start : start + T]  # (T, d_model)
 
 # %% ../../nbs/04_positions.ipynb #e10520a2
