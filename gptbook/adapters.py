@@ -5,6 +5,7 @@
 # %% ../nbs/stubs/00_adapters.ipynb #3d4c4093
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 from pathlib import Path
@@ -41,8 +42,7 @@ def _split_token(ranks: dict, token: bytes) -> tuple[bytes, bytes]:
 
 def _from_ranks(ranks: dict) -> tuple[list, list]:
     "Merges (pairs in the book's numbering) and `ids` (the source's id of each byte and merge) from {bytes: id}."
-    missing = [b for b in range(256) if bytes([b]) not in ranks]
-    if missing:
+    if missing := [b for b in range(256) if bytes([b]) not in ranks]:
         raise ValueError(
             f"the vocabulary lacks {len(missing)} of the 256 bytes (e.g. {missing[0]:#04x}): not byte-level"
         )
@@ -181,9 +181,8 @@ def hf_tokenizer(vocab: dict, merges: list, pattern: str | None, specials: dict)
     pairs = [(a.decode("latin-1").translate(as_char), b.decode("latin-1").translate(as_char)) for a, b in merges]
     hf = Tokenizer(models.BPE(vocab=spelled, merges=pairs))
     split = [] if pattern is None else [pre_tokenizers.Split(Regex(pattern), behavior="isolated")]
-    hf.pre_tokenizer = pre_tokenizers.Sequence(
-        [*split, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
-    )
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    hf.pre_tokenizer = pre_tokenizers.Sequence([*split, byte_level])
     hf.decoder = decoders.ByteLevel()
     hf.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
     return hf
@@ -209,9 +208,7 @@ class TokenizerAdapter:
     def token_bytes(self, token_id: int) -> bytes | None:
         "The bytes of token `token_id`, or None if this tokenizer does not spell tokens in bytes."
         if not 0 <= token_id < self.vocab_size:
-            raise ValueError(
-                f"id {token_id} is not an id of this {self.kind} tokenizer (vocab_size is {self.vocab_size})"
-            )
+            raise ValueError(f"id {token_id} is not an id of this {self.kind} tokenizer (vocab_size {self.vocab_size})")
         return None if self._token_bytes is None else self._token_bytes(int(token_id))
 
     def save(self, path):
@@ -242,12 +239,10 @@ def _hf_byte_speller(hf, added: dict):
 def _adapt_hf(hf, inner, kind: str) -> TokenizerAdapter:
     "A `tokenizers.Tokenizer` `hf` (the backend of `inner`, a transformers tokenizer or itself) behind the adapter."
     added = {i: t.content for i, t in hf.get_added_tokens_decoder().items()}
+    decode = functools.partial(hf.decode, skip_special_tokens=False)
 
     def encode(text):
         return hf.encode(text, add_special_tokens=False).ids
-
-    def decode(ids):
-        return hf.decode(ids, skip_special_tokens=False)
 
     return TokenizerAdapter(inner, kind, encode, decode, hf.get_vocab_size(True), _hf_byte_speller(hf, added))
 
@@ -256,13 +251,8 @@ def _adapt_transformers(tok) -> TokenizerAdapter:
     "A transformers PreTrainedTokenizer(Fast): its Rust backend where it has one, else its own encode and decode."
     if getattr(tok, "backend_tokenizer", None) is not None:
         return _adapt_hf(tok.backend_tokenizer, tok, type(tok).__name__)
-
-    def encode(text):
-        return tok.encode(text, add_special_tokens=False)
-
-    def decode(ids):
-        return tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-
+    encode = functools.partial(tok.encode, add_special_tokens=False)
+    decode = functools.partial(tok.decode, skip_special_tokens=False, clean_up_tokenization_spaces=False)
     return TokenizerAdapter(tok, type(tok).__name__, encode, decode, len(tok))
 
 
@@ -270,10 +260,8 @@ def as_tokenizer(tokenizer):
     """`tokenizer` as gptbook uses it: a tiktoken.Encoding or an HF tokenizer in a TokenizerAdapter; gptbook's own
     (any other object with `encode`, `decode` and `vocab_size`, known without importing them) as it is."""
     if hasattr(tokenizer, "decode_single_token_bytes") and hasattr(tokenizer, "encode_ordinary"):  # tiktoken
-        enc = tokenizer
-        return TokenizerAdapter(
-            enc, "tiktoken", enc.encode_ordinary, enc.decode, enc.n_vocab, enc.decode_single_token_bytes
-        )
+        t = tokenizer
+        return TokenizerAdapter(t, "tiktoken", t.encode_ordinary, t.decode, t.n_vocab, t.decode_single_token_bytes)
     if type(tokenizer).__module__.startswith("tokenizers") and hasattr(tokenizer, "get_vocab_size"):
         return _adapt_hf(tokenizer, tokenizer, "tokenizers.Tokenizer")
     if hasattr(tokenizer, "convert_ids_to_tokens") and hasattr(tokenizer, "decode"):  # transformers

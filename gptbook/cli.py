@@ -129,27 +129,17 @@ def add_options(parser, cls, title: str, defaults: dict | None = None, skip=()) 
     for f in dataclasses.fields(cls):
         if not f.metadata.get("cli", True) or f.name in skip:
             continue
-        default = defaults.get(f.name, _field_default(f))
+        default = defaults.get(f.name, f.default if f.default_factory is dataclasses.MISSING else f.default_factory())
         names, kw = _argument(f, hints[f.name], default)
         group.add_argument(*names, **kw)
         flags[f.name] = names[0]
     return flags
 
 
-def _field_default(f: dataclasses.Field):
-    if f.default_factory is not dataclasses.MISSING:
-        return f.default_factory()
-    return f.default
-
-
 def given(args, names) -> dict:
     "The fields among `names` that were given on the command line (`--x none` gives None)."
-    out = {}
-    for name in names:
-        value = getattr(args, name, None)
-        if value is not None:
-            out[name] = None if value is UNSET else tuple(value) if isinstance(value, list) else value
-    return out
+    values = {name: v for name in names if (v := getattr(args, name, None)) is not None}
+    return {name: None if v is UNSET else tuple(v) if isinstance(v, list) else v for name, v in values.items()}
 
 # %% ../nbs/A4_cli.ipynb #579376a5
 def _add_train_args(p: argparse.ArgumentParser, preset: str | None = None, sft: bool = False) -> dict[str, str]:
@@ -164,16 +154,10 @@ def _add_train_args(p: argparse.ArgumentParser, preset: str | None = None, sft: 
     model_flags = add_options(p, GPTConfig, f"model (GPTConfig: the {preset} preset unless given)", shown)
     run = p.add_argument_group("run")
     run.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
-    run.add_argument(
-        "--overwrite", action="store_true", help="replace the run in --out (once the new one has its first checkpoint)"
-    )
+    run.add_argument("--overwrite", action="store_true", help="replace --out's run once the new one has a checkpoint")
     run.add_argument("--config", metavar="JSON", help="replay a run: a run folder or its config.json (flags override)")
     run.add_argument(
-        "--sample-tokens",
-        type=int,
-        default=300,
-        metavar="N",
-        help="tokens of the closing sample; 0: none (default: 300)",
+        "--sample-tokens", type=int, default=300, metavar="N", help="closing sample: N tokens, 0: none (default: 300)"
     )
     return {**flags, **model_flags, "config": "--config"}
 
@@ -244,17 +228,11 @@ SAMPLE_DEFAULTS = {"temperature": 0.8, "top_p": 0.9}
 def _add_model_args(run) -> None:
     "The flags that name a model, shared by `gptbook sample` and `gptbook eval` (see _model_to_sample)."
     run.add_argument("run", nargs="?", metavar="RUN", help="a run folder or a checkpoint folder (same as --out)")
-    run.add_argument(
-        "--out", metavar="DIR", help="a run folder (its latest checkpoint) or a checkpoint folder (default: out)"
-    )
+    run.add_argument("--out", metavar="DIR", help="a run folder (its latest checkpoint) or a checkpoint (default: out)")
     run.add_argument("--hf", metavar="FOLDER", help="a Hugging Face GPT-2 or Llama model (hub name or folder)")
     run.add_argument("--nanogpt", metavar="CKPT", help="a nanoGPT checkpoint (ckpt.pt); needs --tokenizer")
-    run.add_argument(
-        "--tokenizer", metavar="PATH", help="a gptbook tokenizer file (default: the model's own tokenizer)"
-    )
-    run.add_argument(
-        "--device", default="auto", metavar="DEVICE", help="auto, cpu, cuda, cuda:N or mps (default: auto)"
-    )
+    run.add_argument("--tokenizer", metavar="PATH", help="a gptbook tokenizer file (default: the model's own)")
+    run.add_argument("--device", default="auto", metavar="DEVICE", help="auto, cpu, cuda[:N] or mps (default: auto)")
 
 
 def _add_sample_args(p: argparse.ArgumentParser) -> dict[str, str]:
@@ -264,11 +242,7 @@ def _add_sample_args(p: argparse.ArgumentParser) -> dict[str, str]:
     run.add_argument("--prompt", default="\n", metavar="TEXT", help="text to continue (default: a newline)")
     run.add_argument("--seed", type=int, default=None, metavar="N", help="random seed for reproducible samples")
     run.add_argument("--num-samples", type=int, default=1, metavar="N", help="how many samples (default: 1)")
-    run.add_argument(
-        "--stream",
-        action=argparse.BooleanOptionalAction,
-        help="print text as it is generated (default: on when the output is a terminal)",
-    )
+    run.add_argument("--stream", action=argparse.BooleanOptionalAction, help="stream text (default: on in a terminal)")
     return add_options(p, SamplingConfig, "sampling (SamplingConfig)", defaults=SAMPLE_DEFAULTS)
 
 
@@ -323,8 +297,6 @@ def _check_sample_args(args):
         raise ValueError(f"--num-samples must be at least 1, got {args.num_samples}")
     if args.seed is not None and not 0 <= args.seed < 2**32:
         raise ValueError(f"--seed must be between 0 and 2**32 - 1 (4294967295), got {args.seed}")
-    if not args.prompt:
-        raise ValueError("--prompt is empty: give at least one character to continue (the default is a newline)")
 
 
 def _sample(args) -> int:
@@ -369,9 +341,8 @@ def _eval(args) -> int:
         raise ValueError(f"the model's loss on {args.data} is {nats}: its weights give no usable probabilities")
     loss = nats / (len(ids) - 1)
     print(f"data: {args.data} ({len(text):,} characters, {len(ids):,} tokens, {time.perf_counter() - t0:.1f} s)")
-    print(
-        f"loss {loss:.4f} nats/token, perplexity {math.exp(loss):.2f}, {nats / math.log(2) / len(text):.4f} bits/char"
-    )
+    bits = nats / math.log(2) / len(text)
+    print(f"loss {loss:.4f} nats/token, perplexity {math.exp(loss):.2f}, {bits:.4f} bits/char")
     return 0
 
 # %% ../nbs/A4_cli.ipynb #a4tkc01
@@ -394,8 +365,6 @@ def _add_tokenizer_args(p: argparse.ArgumentParser) -> dict:
 def _tokenizer_train(args) -> int:
     if args.char == (args.vocab_size is not None) or (args.char and (args.special or not args.pattern)):
         raise ValueError("give --vocab-size N for a BPE, or --char alone for one id per character")
-    if not args.char and args.vocab_size < 256:
-        raise ValueError(f"--vocab-size must be at least 256 (the bytes), got {args.vocab_size}")
     text = read_text(args.file)
     if not text:
         raise ValueError(f"{args.file} is empty: there is no text to learn merges from")
@@ -447,9 +416,7 @@ def build_parser(command: str | None = None, preset: str | None = None) -> argpa
 
 def _add_eval_and_tokenizer(sub) -> None:
     "The subcommands `eval` and `tokenizer train`."
-    e = sub.add_parser(
-        "eval", help="score a model on a text file", description="Loss, perplexity and bits per character on a text."
-    )
+    e = sub.add_parser("eval", help="score a model on a text file", description="Loss, perplexity, bits per character.")
     e.set_defaults(func=_eval, flags=_add_eval_args(e))
     tk = sub.add_parser("tokenizer", help="train a BPE tokenizer", description="Tokenizer tools.")
     tsub = tk.add_subparsers(dest="tokenizer_command", metavar="{train}", required=True)

@@ -36,17 +36,11 @@ class GPTConfig(Options):
     ffn: FFNKind = option("gelu_tanh", "gelu (exact), gelu_tanh (GPT-2's approximation) or swiglu (Llama)")
     bias: bool = option(True, "biases in the linear layers and LayerNorms (GPT-2: yes; Llama: no)")
     tie_weights: bool = option(True, "the head reuses the token embedding matrix (GPT-2: yes; Llama 2: no)")
-    dropout: float = option(
-        0.0, "dropout probability: 0 for big data; 0.1-0.2 for small models", min=0, max=1, max_open=True
-    )
-    rope_base: float = option(
-        10000.0, "RoPE's base: pair k turns by base^(-2k/head_dim) per position", min=1, min_open=True
-    )
+    dropout: float = option(0.0, "dropout rate: 0 for big data; 0.1-0.2 for small models", min=0, max=1, max_open=True)
+    rope_base: float = option(10000.0, "RoPE: pair k turns by base^(-2k/head_dim) per position", min=1, min_open=True)
     norm_eps: float = option(1e-5, "epsilon inside the norms (GPT-2: 1e-5; Llama: 1e-5 or 1e-6)", min=0, min_open=True)
     use_sdpa: bool = option(True, "fused F.scaled_dot_product_attention; false = the manual attention")
-    embed_scale: bool = option(
-        False, "multiply token embeddings by sqrt(d_model) before adding positions (the 2017 transformer)"
-    )
+    embed_scale: bool = option(False, "token embeddings times sqrt(d_model) before positions (the 2017 transformer)")
 
     def check(self) -> None:
         "The rules between fields (the table _GPT_RULES, in order), then the size (_check_size)."
@@ -107,8 +101,7 @@ class GPTConfig(Options):
             raise OptionError("preset", f"unknown preset {name!r}: use one of {', '.join(PRESETS)}")
         presets = {"baby": cls.baby, "gpt2-small": cls.gpt2_small, "llama-style": cls.llama_style}
         presets["speedrun"] = lambda vocab_size: cls.baby(vocab_size, positions="rope")  # chapter 15's record
-        preset = presets[name]
-        return cls.from_dict({**preset(vocab_size=vocab_size).to_dict(), **overrides})
+        return cls.from_dict({**presets[name](vocab_size=vocab_size).to_dict(), **overrides})
 
 # %% ../nbs/06_model.ipynb #74265209
 _GPT_RULES = (  # (the field to blame, when the rule is broken, why: formatted with c = the config)

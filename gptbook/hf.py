@@ -18,7 +18,7 @@ from .files import atomic_dir
 from .model import GPT
 from .positions import rope_halves_to_interleaved
 from .tokenizer import BPETokenizer
-from .weights import gpt2_plan, hf_folder, llama_plan, load_hf, load_nanogpt
+from .weights import _rope_rows, gpt2_plan, hf_folder, llama_plan, load_hf, load_nanogpt
 
 _all_ = ["load_hf"]  # gptbook.hf.load_hf: the reader lives in gptbook.weights
 
@@ -27,11 +27,7 @@ _GPT2_NEEDS = (  # (field, the test a GPT2LMHeadModel can express, what to set i
     ("norm", lambda c: c.norm == "layernorm", "norm='layernorm'"),
     ("ffn", lambda c: c.ffn in ("gelu", "gelu_tanh"), "ffn='gelu_tanh' (GPT-2's) or 'gelu'"),
     ("bias", lambda c: c.bias, "bias=True (GPT-2 always has biases)"),
-    (
-        "n_kv_heads",
-        lambda c: c.resolved_kv_heads == c.n_heads,
-        "n_kv_heads=None (GPT-2 has no grouped-query attention)",
-    ),
+    ("n_kv_heads", lambda c: c.resolved_kv_heads == c.n_heads, "n_kv_heads=None (GPT-2 has no grouped queries)"),
 )
 _LLAMA_NEEDS = (
     ("norm", lambda c: c.norm == "rmsnorm", "norm='rmsnorm'"),
@@ -114,12 +110,8 @@ def _hf_config(c: GPTConfig) -> dict:
 def _split_qkv(c: GPTConfig, w: torch.Tensor, sizes: list) -> list:
     "c_attn's [q | k | v] rows cut into q_proj, k_proj, v_proj, with q and k re-paired from interleaved to halves."
     back = torch.argsort(rope_halves_to_interleaved(c.head_dim))  # the inverse permutation
-
-    def rope_rows(w, n_heads):
-        return w.reshape(n_heads, c.head_dim, *w.shape[1:])[:, back].reshape(w.shape)
-
     q, k, v = torch.split(w, sizes)
-    return [rope_rows(q, c.n_heads), rope_rows(k, c.resolved_kv_heads), v]
+    return [_rope_rows(q, c.n_heads, back), _rope_rows(k, c.resolved_kv_heads, back), v]
 
 
 def _hf_state_dict(model: GPT) -> dict:
@@ -220,8 +212,7 @@ def save_hf(model: GPT, folder, tokenizer=None, trained: dict | None = None) -> 
     model = getattr(model, "_orig_mod", model)  # a torch.compile wrapper: save the model inside
     if not isinstance(model, GPT):
         raise TypeError(f"save_hf saves a gptbook GPT, got a {type(model).__name__}")
-    bad = next((k for k, w in model.state_dict().items() if not torch.isfinite(w).all()), None)
-    if bad is not None:
+    if (bad := next((k for k, w in model.state_dict().items() if not torch.isfinite(w).all()), None)) is not None:
         raise ValueError(f"save_hf: the model's {bad} holds NaN or infinite weights; save a model that trained well")
     folder = Path(folder)
     _check_destination(folder)

@@ -44,29 +44,22 @@ def attention_weights(attn: MultiHeadAttention, x: torch.Tensor, rope=None) -> t
 class Recording:
     "What `record` saw, in call order: one entry per layer and forward pass."
 
-    # (B, n_heads, T, T) per attention layer
-    attn: list = field(default_factory=list)
-    # (B, T, d_model): the blocks' input, then the stream after each block
-    resid: list = field(default_factory=list)
-    # (B, T, n_heads, head_dim) per attention layer: each head's output, as
-    # its c_proj received it (after any `patch`)
-    heads: list = field(default_factory=list)
+    attn: list = field(default_factory=list)  # (B, n_heads, T, T) per attention layer
+    resid: list = field(default_factory=list)  # (B, T, d_model): the blocks' input, then the stream after each block
+    heads: list = field(default_factory=list)  # (B, T, n_heads, head_dim) per layer: what c_proj got (after `patch`)
 
 
 @contextmanager
 def record(model: nn.Module):
     "Inside the `with`, each forward pass of `model` appends to a Recording."
     if not isinstance(getattr(model, "blocks", None), nn.ModuleList):
-        raise TypeError(
-            f"record() needs a model with a `blocks` ModuleList (GPT, AttentionOnly), got {type(model).__name__}"
-        )
-    rec, handles = Recording(), []
+        raise TypeError(f"record() needs a model with a `blocks` ModuleList (a GPT), got {type(model).__name__}")
+    rec = Recording()
 
     def save_weights(attn, args, kwargs, out):
         if kwargs.get("cache") is not None:
             raise ValueError("record() reads whole sequences: call the model without a KV cache inside it")
-        weights = attention_weights(attn, args[0], kwargs.get("rope"))
-        rec.attn.append(weights.detach())
+        rec.attn.append(attention_weights(attn, args[0], kwargs.get("rope")).detach())
 
     def save_heads(n_heads):
         def hook(proj, args, out):  # args: what the projection was given
@@ -74,15 +67,9 @@ def record(model: nn.Module):
 
         return hook
 
-    def save_input(blk, args):
-        rec.resid.append(args[0].detach())
-
-    def save_output(blk, args, out):
-        rec.resid.append(out.detach())
-
     layers = attention_layers(model)
-    handles.append(model.blocks[0].register_forward_pre_hook(save_input))
-    handles += [blk.register_forward_hook(save_output) for blk in model.blocks]
+    handles = [model.blocks[0].register_forward_pre_hook(lambda m, args: rec.resid.append(args[0].detach()))]
+    handles += [b.register_forward_hook(lambda m, args, out: rec.resid.append(out.detach())) for b in model.blocks]
     handles += [a.register_forward_hook(save_weights, with_kwargs=True) for a in layers]
     handles += [a.c_proj.register_forward_hook(save_heads(a.n_heads)) for a in layers]
     try:
@@ -120,10 +107,7 @@ def patch(model: nn.Module, outputs: dict):
 
         return hook
 
-    handles = []
-    for i, values in by_layer.items():
-        hook = replace(layers[i].head_dim, values)
-        handles.append(layers[i].c_proj.register_forward_pre_hook(hook))
+    handles = [layers[i].c_proj.register_forward_pre_hook(replace(layers[i].head_dim, v)) for i, v in by_layer.items()]
     try:
         yield
     finally:
@@ -243,9 +227,7 @@ def train_induction(
     history, t0 = [], time.perf_counter()
     for step in range(steps + 1):
         if step % eval_every == 0 or step == steps:
-            model.eval()
-            h = _measure(model, eval_batch, probe, probe_period)
-            history.append(dict(step=step, **h))
+            history.append(dict(step=step, **_measure(model.eval(), eval_batch, probe, probe_period)))
             model.train()
         if step == steps:
             break
@@ -295,10 +277,7 @@ def patch_heads(model, clean, corrupted, period: int) -> list[dict]:
     with torch.no_grad(), record(model) as rec:
         model(clean)
     first = (torch.arange(clean.shape[1]) < period)[:, None]  # (T, 1)
-    rows = [
-        dict(head=None, how="clean", **run(clean, {})),
-        dict(head=None, how="corrupted", **run(corrupted, {})),
-    ]
+    rows = [dict(head=None, how="clean", **run(clean, {})), dict(head=None, how="corrupted", **run(corrupted, {}))]
     for layer, outputs in enumerate(rec.heads):  # (B, T, n_heads, head_dim)
         for head in range(outputs.shape[2]):
             y = outputs[:, :, head]  # (B, T, head_dim): its output on clean
@@ -320,7 +299,4 @@ def circuit_test(model, seed=0, periods=(8, 16), period=12, batch_size=256):
     clean = repeated_tokens(batch_size, period, vocab_size, g)  # (B, 2 period)
     fresh = torch.randint(vocab_size, (batch_size, period), generator=g)
     corrupted = torch.cat([fresh, clean[:, period:]], dim=1)  # nothing to copy
-    return dict(
-        ablation=head_costs(model, batch, clean, period),
-        patching=patch_heads(model, clean, corrupted, period),
-    )
+    return dict(ablation=head_costs(model, batch, clean, period), patching=patch_heads(model, clean, corrupted, period))

@@ -62,24 +62,9 @@ class GPT(nn.Module):
         self.wte = nn.Embedding(c.vocab_size, c.d_model)
         self.wpe = make_positions(c)  # learned: the parameter wpe.weight; sinusoidal, rope: buffers, not saved
         self.drop = nn.Dropout(c.dropout)
-        self.blocks = nn.ModuleList(
-            [
-                Block(
-                    c.d_model,
-                    c.n_heads,
-                    c.n_kv_heads,
-                    c.d_ff,
-                    norm=c.norm,
-                    norm_position=c.norm_position,
-                    ffn=c.ffn,
-                    bias=c.bias,
-                    dropout=c.dropout,
-                    norm_eps=c.norm_eps,
-                    use_sdpa=c.use_sdpa,
-                )
-                for _ in range(c.n_layers)
-            ]
-        )
+        same = {k: getattr(c, k) for k in ("norm", "norm_position", "ffn", "bias", "dropout", "norm_eps", "use_sdpa")}
+        blocks = [Block(c.d_model, c.n_heads, c.n_kv_heads, c.d_ff, **same) for _ in range(c.n_layers)]
+        self.blocks = nn.ModuleList(blocks)
         # pre-norm leaves the stream un-normalized; post-norm blocks already end in a norm
         self.ln_f = make_norm(c.norm, c.d_model, c.norm_eps, c.bias) if c.norm_position == "pre" else nn.Identity()
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
@@ -94,12 +79,10 @@ class GPT(nn.Module):
         for m in self.modules():
             if isinstance(m, (nn.Linear, nn.Embedding, LearnedPositions)):
                 nn.init.normal_(m.weight, std=0.02)
-                if getattr(m, "bias", None) is not None:
-                    nn.init.zeros_(m.bias)
             elif isinstance(m, (nn.LayerNorm, RMSNorm)):
                 nn.init.ones_(m.weight)
-                if getattr(m, "bias", None) is not None:
-                    nn.init.zeros_(m.bias)
+            if isinstance(m, (nn.Linear, nn.LayerNorm)) and m.bias is not None:
+                nn.init.zeros_(m.bias)
         for name, p in self.named_parameters():
             if name.endswith(("attn.c_proj.weight", "mlp.c_proj.weight", "mlp.down_proj.weight")):
                 nn.init.normal_(p, std=0.02 / math.sqrt(2 * self.config.n_layers))
@@ -162,19 +145,16 @@ class GPT(nn.Module):
 # %% ../nbs/06_model.ipynb #bf0192dd
 def pick_device(device: str = "auto") -> torch.device:
     "`'auto'`: CUDA if present, else Apple's MPS, else the CPU; any other string goes to `torch.device`."
+    mps = getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
     if device == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
+        return torch.device("cuda" if torch.cuda.is_available() else "mps" if mps else "cpu")
     try:
         d = torch.device(device)
     except RuntimeError as e:
         raise ValueError(f"unknown device {device!r}: use 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'") from e
     if d.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {device!r} was asked for, but this PyTorch sees no CUDA GPU; use 'cpu' or 'auto'")
-    if d.type == "mps" and not (getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()):
+    if d.type == "mps" and not mps:
         raise ValueError(f"device {device!r} was asked for, but Apple's MPS is not available here; use 'cpu' or 'auto'")
     return d
 

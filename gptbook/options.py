@@ -48,11 +48,9 @@ def option(
     help; `cli=False` gives it none. `absent` is what a saved config without this field means (see `from_dict`)."""
     metadata = dict(help=help, min=min, max=max, min_open=min_open, max_open=max_open, why=why)
     metadata.update(flag=flag, metavar=metavar, cli=cli, absent=absent)
-    if default is _NO_DEFAULT:
-        default = dataclasses.MISSING
-    if default_factory is None:
-        default_factory = dataclasses.MISSING
-    return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
+    default = dataclasses.MISSING if default is _NO_DEFAULT else default
+    factory = dataclasses.MISSING if default_factory is None else default_factory
+    return dataclasses.field(default=default, default_factory=factory, metadata=metadata)
 
 # %% ../nbs/A1_options.ipynb #c4c525a2
 @functools.cache
@@ -188,6 +186,4 @@ class Options:
 def _from_json(hint, value):
     "Turn a JSON list back into a tuple where the field is a tuple."
     base, _ = split_optional(hint)
-    if (typing.get_origin(base) or base) is tuple and isinstance(value, list):
-        return tuple(value)
-    return value
+    return tuple(value) if (typing.get_origin(base) or base) is tuple and isinstance(value, list) else value

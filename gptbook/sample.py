@@ -39,9 +39,7 @@ class SamplingConfig(Options):
         min=0,
         why="0 means greedy, 1 the model's own distribution",
     )
-    top_k: int | None = option(
-        None, "keep only the k most likely tokens (None: off)", min=1, why="None turns top-k off"
-    )
+    top_k: int | None = option(None, "keep the k most likely tokens (None: off)", min=1, why="None turns top-k off")
     top_p: float | None = option(
         None,
         "keep the fewest most likely tokens whose probabilities add up to p (None: off)",
@@ -64,14 +62,10 @@ class SamplingConfig(Options):
         min_open=True,
         why="1 changes nothing, 1.1 to 1.3 is typical",
     )
-    stop: tuple[int, ...] | None = option(
-        None, "token ids that end a row (generate keeps it, stream does not print it)", min=0
-    )
+    stop: tuple[int, ...] | None = option(None, "ids that end a row (generate keeps it; stream hides it)", min=0)
     stop_strings: tuple[str, ...] | None = option(None, "text that ends a stream, not printed (stream only)")
     use_cache: bool = option(True, "keep each layer's keys and values (KV cache): the same tokens, much faster")
-    threads: int | None = option(
-        None, "CPU threads while sampling (default: 1; one sequence gains little from more)", min=0
-    )
+    threads: int | None = option(None, "CPU threads (default: 1; one sequence gains little from more)", min=0)
 
     def __post_init__(self):
         self.stop, self.stop_strings = _as_tuple(self.stop), _as_tuple(self.stop_strings)  # one value or several
@@ -294,9 +288,7 @@ def _prompt_lengths(idx, attention_mask):
         return torch.full((idx.size(0),), idx.size(1), dtype=torch.long, device=idx.device)
     m = torch.as_tensor(attention_mask, device=idx.device).long()  # (B, T)
     if m.shape != idx.shape or not (((m == 0) | (m == 1)).all() and (m[:, 1:] >= m[:, :-1]).all() and m[:, -1].all()):
-        raise ValueError(
-            f"attention_mask must have idx's shape {tuple(idx.shape)} and be left padding: see pad_prompts"
-        )
+        raise ValueError(f"attention_mask must have idx's shape {tuple(idx.shape)} and be left padding (pad_prompts)")
     return m.sum(1)
 
 

@@ -16,6 +16,7 @@ from itertools import chain
 
 import regex
 
+from .adapters import _BYTE_LEVEL_REGEX, hf_parts, hf_tokenizer, tiktoken_encoding, tiktoken_parts
 from .files import atomic_write, built_from, read_format
 
 # %% auto #0
@@ -80,9 +81,8 @@ class CharTokenizer:
         _check_text(text, "encode")
         try:
             return [self.stoi[c] for c in text]
-        except KeyError:
-            pass
-        i = next(i for i, c in enumerate(text) if c not in self.stoi)
+        except KeyError as e:
+            i = text.index(e.args[0])  # the first unknown character
         raise ValueError(
             f"character {text[i]!r} at position {i} is not one of the {len(self.chars)} characters this CharTokenizer "
             "was trained on: replace it (a trained model knows no other), or train anew on a text that contains it, "
@@ -273,9 +273,6 @@ def bpe_merges(chunks, n_merges: int):
 
 # %% ../nbs/01_tokenizer.ipynb #c5c548f8
 GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-
-# The same pattern as GPT-2's encoder.py spells it (tiktoken's "gpt2" and HF's ByteLevel too): read as GPT2_PATTERN
-_GPT2_ORIGINAL = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
 # The same pattern for ASCII-only text, where \p{L} is [A-Za-z], \p{N} is [0-9] and \s is [\t\n\v\f\r ]: the standard
 # library's `re` runs it faster than `regex` runs GPT2_PATTERN (the chapter times both; tests check they agree).
@@ -476,7 +473,7 @@ class BPETokenizer:
         self.vocab = self._bytes if self.ids is None else {self.ids[k]: b for k, b in self._bytes.items()}
         self.special_tokens = _special_ids(special_tokens, len(self.vocab), taken=self.vocab)
         self.vocab = {**self.vocab, **{t: s.encode("utf-8") for s, t in self.special_tokens.items()}}
-        self.pattern = GPT2_PATTERN if pattern == _GPT2_ORIGINAL else pattern
+        self.pattern = GPT2_PATTERN if pattern == _BYTE_LEVEL_REGEX else pattern  # GPT-2's own spelling of it
         self._pat = None if pattern is None else _compile_pattern(self.pattern)
         self._cache = _ChunkCache(self.merges, self._bytes, self.ids)
         self.merge_counts = None  # set by `train`: how many tokens each merge saved on the training text
@@ -571,36 +568,27 @@ class BPETokenizer:
     @classmethod
     def from_tiktoken(cls, encoding) -> BPETokenizer:
         "A BPETokenizer with the ids of the `tiktoken.Encoding` `encoding` (its merges rebuilt by gptbook.adapters)."
-        from gptbook.adapters import tiktoken_parts
-
         return cls(*tiktoken_parts(encoding))
 
     @classmethod
     def from_hf(cls, path) -> BPETokenizer:
         "A BPETokenizer with the ids of a Hugging Face byte-level BPE `tokenizer.json` or its folder (see adapters)."
-        from gptbook.adapters import hf_parts
-
         file, parts = hf_parts(path)
         return built_from(file, lambda: cls(*parts))
 
     def to_tiktoken(self, name: str = "gptbook"):
         "A `tiktoken.Encoding` that gives the same ids (built by gptbook.adapters, which imports tiktoken only then)."
-        from gptbook.adapters import tiktoken_encoding
-
         return tiktoken_encoding(name, self.vocab, self.pattern, self.special_tokens)
 
     def to_hf(self):
         "A Hugging Face `tokenizers.Tokenizer` that gives the same ids (built by gptbook.adapters, with `tokenizers`)."
-        from gptbook.adapters import hf_tokenizer
-
         merges = [(self._bytes[a], self._bytes[b]) for a, b in self.merges]
         return hf_tokenizer(self.vocab, merges, self.pattern, self.special_tokens)
 
     def __repr__(self):
         pattern = "GPT2_PATTERN" if self.pattern == GPT2_PATTERN else repr(self.pattern)
-        return (
-            f"BPETokenizer(vocab_size={self.vocab_size}, pattern={pattern}, special_tokens={list(self.special_tokens)})"
-        )
+        specials = list(self.special_tokens)
+        return f"BPETokenizer(vocab_size={self.vocab_size}, pattern={pattern}, special_tokens={specials})"
 
 # %% ../nbs/A3_interop.ipynb #dd87abbe
 def load_tokenizer(path) -> CharTokenizer | BPETokenizer:

@@ -33,8 +33,7 @@ def _architecture(hf: dict) -> str:
     if arch == "LlamaForCausalLM" or (arch is None and model_type == "llama"):
         return "llama"
     raise ValueError(
-        f"unsupported architecture {arch or model_type!r}: GPT.from_hf reads GPT2LMHeadModel and "
-        f"LlamaForCausalLM folders"
+        f"unsupported architecture {arch or model_type!r}: GPT.from_hf reads GPT2LMHeadModel and LlamaForCausalLM"
     )
 
 
@@ -44,13 +43,8 @@ def _refuse(key: str, value, why: str):
 
 def _gpt2_shape(d: dict, context: str) -> dict:
     "The GPTConfig sizes from GPT-2's names, which HF's config.json and nanoGPT's model_args share (`context` differs)."
-    return dict(
-        vocab_size=d["vocab_size"],
-        max_seq_len=d[context],
-        n_layers=d["n_layer"],
-        n_heads=d["n_head"],
-        d_model=d["n_embd"],
-    )
+    names = dict(vocab_size="vocab_size", max_seq_len=context, n_layers="n_layer", n_heads="n_head", d_model="n_embd")
+    return {ours: d[theirs] for ours, theirs in names.items()}
 
 
 def _gpt2_config(hf: dict) -> GPTConfig:
@@ -133,12 +127,8 @@ def gpt2_plan(c: GPTConfig, pre: str = "transformer.") -> list:
         h = f"{pre}h.{i}."
         for ln in ("ln_1", "ln_2"):
             plan += [(f"blocks.{i}.{ln}.{k}", [(f"{h}{ln}.{k}", (d,))], None) for k in ("weight", "bias")]
-        for ours, shape in (
-            ("attn.c_attn", (d, 3 * d)),
-            ("attn.c_proj", (d, d)),
-            ("mlp.c_fc", (d, d_ff)),
-            ("mlp.c_proj", (d_ff, d)),
-        ):
+        shapes = {"attn.c_attn": (d, 3 * d), "attn.c_proj": (d, d), "mlp.c_fc": (d, d_ff), "mlp.c_proj": (d_ff, d)}
+        for ours, shape in shapes.items():
             plan += [
                 (f"blocks.{i}.{ours}.weight", [(f"{h}{ours}.weight", shape)], _transpose),
                 (f"blocks.{i}.{ours}.bias", [(f"{h}{ours}.bias", shape[1:])], None),
@@ -149,15 +139,17 @@ def gpt2_plan(c: GPTConfig, pre: str = "transformer.") -> list:
     return plan
 
 
+def _rope_rows(w: torch.Tensor, n_heads: int, perm: torch.Tensor) -> torch.Tensor:
+    "Each head's rows (features) of `w` reordered by `perm`: split halves to interleaved pairs, or back by its inverse."
+    return w.reshape(n_heads, len(perm), *w.shape[1:])[:, perm].reshape(w.shape)
+
+
 def _llama_qkv(c: GPTConfig):
     "The function that fuses Llama's q_proj, k_proj, v_proj into c_attn, re-pairing q and k for interleaved RoPE."
     perm = rope_halves_to_interleaved(c.head_dim)
 
-    def rope_rows(w, n_heads):  # reorder each head's rows (features) from split halves to interleaved pairs
-        return w.reshape(n_heads, c.head_dim, *w.shape[1:])[:, perm].reshape(w.shape)
-
     def fuse(q, k, v):  # [q | k | v], as c_attn lays them out
-        return torch.cat([rope_rows(q, c.n_heads), rope_rows(k, c.resolved_kv_heads), v])
+        return torch.cat([_rope_rows(q, c.n_heads, perm), _rope_rows(k, c.resolved_kv_heads, perm), v])
 
     return fuse
 
@@ -173,9 +165,8 @@ def llama_plan(c: GPTConfig) -> list:
         for kind in ("weight", "bias") if c.bias else ("weight",):
             qkv = [(f"{h}self_attn.{x}_proj.{kind}", _linear_shape(kind, n, d)) for x, n in qkv_rows.items()]
             plan.append((f"{ours}attn.c_attn.{kind}", qkv, fuse))
-            plan.append(
-                (f"{ours}attn.c_proj.{kind}", [(f"{h}self_attn.o_proj.{kind}", _linear_shape(kind, d, d))], None)
-            )
+            o_proj = [(f"{h}self_attn.o_proj.{kind}", _linear_shape(kind, d, d))]
+            plan.append((f"{ours}attn.c_proj.{kind}", o_proj, None))
             plan += [
                 (f"{ours}mlp.{p}.{kind}", [(f"{h}mlp.{p}.{kind}", _linear_shape(kind, *s))], None)
                 for p, s in (("gate_proj", (d_ff, d)), ("up_proj", (d_ff, d)), ("down_proj", (d, d_ff)))
@@ -206,8 +197,7 @@ def _shard_files(path: Path, index: Path) -> list[Path]:
     if not isinstance(weight_map, dict) or not all(isinstance(s, str) for s in weight_map.values()):
         raise ValueError(f'{index} has no "weight_map" from tensor names to shard files: download it again')
     names = [PurePath(shard) for shard in sorted(set(weight_map.values()))]
-    outside = next((n for n in names if not n.parts or n.anchor or ".." in n.parts), None)  # "", ".", "/x", "../x"
-    if outside is not None:
+    if outside := next((n for n in names if not n.parts or n.anchor or ".." in n.parts), None):  # "", ".", "/x", "../x"
         raise ValueError(f"{index} lists the shard {str(outside)!r}, which is not a file inside {path}: not read")
     return [path / name for name in names]
 
@@ -225,15 +215,9 @@ def _weight_files(path: Path) -> list[Path]:
     )
 
 # %% ../nbs/A3_interop.ipynb #6abdd552
-_HUB_FILES = [  # what a hub download fetches: the config, the safetensors weights and the tokenizer, never .bin
-    "config.json",
-    "generation_config.json",
-    "*.safetensors",
-    "*.safetensors.index.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-]
+# what a hub download fetches: the config, the safetensors weights and the tokenizer, never .bin
+_HUB_FILES = ["config.json", "generation_config.json", "*.safetensors", "*.safetensors.index.json", "tokenizer.json"]
+_HUB_FILES += ["tokenizer_config.json", "special_tokens_map.json"]
 _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")  # "gpt2", "openai-community/gpt2"
 
 
@@ -274,13 +258,11 @@ _SKIP = (".attn.bias", ".attn.masked_bias", "rotary_emb.inv_freq")  # buffers, n
 def _check_weights(tensors: dict, file) -> dict:
     "`tensors`, each a floating-point tensor of finite values (buffers aside); else one line naming it and `file`."
     for name, t in tensors.items():
-        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+        floating = isinstance(t, torch.Tensor) and t.is_floating_point()
+        if not floating and not name.endswith(_SKIP):
             what = f"dtype {t.dtype}" if isinstance(t, torch.Tensor) else f"a {type(t).__name__}"
-            if not name.endswith(_SKIP):
-                raise ValueError(
-                    f"tensor {name!r} of {file} is {what}, not floating-point weights: the file is damaged"
-                )
-        elif not torch.isfinite(t).all():
+            raise ValueError(f"tensor {name!r} of {file} is {what}, not floating-point weights: the file is damaged")
+        if floating and not torch.isfinite(t).all():
             raise ValueError(f"tensor {name!r} of {file} holds NaN or infinite weights: the model cannot be used")
     return tensors
 
@@ -289,10 +271,8 @@ def _take(tensors: dict, name: str, shape: tuple, ours: str, path, implied_by: s
     "The tensor `name` as float32, there and of the shape the config (`implied_by`) implies."
     if name not in tensors:
         raise ValueError(f"tensor {name!r} (for {ours}) is missing from {path}")
-    if tuple(tensors[name].shape) != tuple(shape):
-        raise ValueError(
-            f"tensor {name!r} has shape {tuple(tensors[name].shape)}, but {implied_by} implies {tuple(shape)}"
-        )
+    if (got := tuple(tensors[name].shape)) != tuple(shape):
+        raise ValueError(f"tensor {name!r} has shape {got}, but {implied_by} implies {tuple(shape)}")
     return tensors[name].float()
 
 
@@ -328,17 +308,13 @@ def _load_safetensors(path: Path) -> dict:
 def load_hf(path_or_name) -> tuple:
     "(GPTConfig, state_dict) from a Hugging Face GPT-2 or Llama folder or hub name, mapped to GPT's names and layouts."
     path = hf_folder(path_or_name)
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(
-            f"{path / 'config.json'} not found: pass a Hugging Face model folder (config.json + safetensors)"
-        )
-    hf = _read_json(path / "config.json")
-    config = config_from_hf(hf, source=path / "config.json")  # refuses a model too big for memory: nothing built yet
+    if not (file := path / "config.json").is_file():
+        raise FileNotFoundError(f"{file} not found: pass a Hugging Face model folder (config.json + safetensors)")
+    hf = _read_json(file)
+    config = config_from_hf(hf, source=file)  # refuses a model too big for memory: nothing built yet
     tensors = _load_safetensors(path)
-    gpt2 = _architecture(hf) == "gpt2"
-    plan = (
-        gpt2_plan(config, "transformer." if "transformer.wte.weight" in tensors else "") if gpt2 else llama_plan(config)
-    )
+    pre = "transformer." if "transformer.wte.weight" in tensors else ""  # older GPT-2 files lack the prefix
+    plan = gpt2_plan(config, pre) if _architecture(hf) == "gpt2" else llama_plan(config)
     state_dict = _follow(plan, tensors, path, "config.json")
     if config.tie_weights:
         state_dict["lm_head.weight"] = state_dict["wte.weight"]
@@ -347,12 +323,7 @@ def load_hf(path_or_name) -> tuple:
 # %% ../nbs/A3_interop.ipynb #d82557eb
 def clean_state_dict(state_dict: dict) -> dict:
     "The state_dict with the `_orig_mod.` (torch.compile) and `module.` (DDP) prefixes removed from every key."
-    out = {}
-    for key, value in state_dict.items():
-        while key.startswith(("_orig_mod.", "module.")):
-            key = key.split(".", 1)[1]
-        out[key] = value
-    return out
+    return {re.sub(r"^(?:(?:_orig_mod|module)\.)+", "", key): value for key, value in state_dict.items()}
 
 # %% ../nbs/A3_interop.ipynb #057ab3bd
 def _asked_global(path: Path) -> str | None:

@@ -13,7 +13,7 @@ from importlib.resources import files
 
 import numpy as np
 
-from ..tokenizer import apply_merges
+from ..tokenizer import _merge_table, apply_merges
 
 # %% auto #0
 __all__ = ['Widget', 'slider', 'choice', 'button', 'widget', 'bpe_stepper', 'sampling_lab', 'attention_explorer', 'rope_score',
@@ -189,14 +189,6 @@ def _token_colour(hue: float) -> str:
     return f"hsla({hue:.0f},75%,55%,0.32)"
 
 
-def _vocab_of(merges: dict) -> dict:
-    "id -> bytes: the 256 bytes, then each merge's pair joined. Example: {(104, 105): 256} -> {..., 256: b'hi'}"
-    vocab = {i: bytes([i]) for i in range(256)}
-    for (a, b), i in sorted(merges.items(), key=lambda item: item[1]):
-        vocab[i] = vocab[a] + vocab[b]
-    return vocab
-
-
 def _token_span(i: int, text: str, hue: float, new: bool = False) -> str:
     "Token `i` as a span coloured by `hue`, outlined if the latest merge made it."
     cls = "gbw-tok gbw-new" if new else "gbw-tok"
@@ -240,11 +232,9 @@ def bpe_stepper(merges: dict, chunks: list, start: int | None = None, title: str
     of one pre-tokenized sentence): its tokens recolour as merges apply, and the compression so far is printed."""
     chunks = [bytes(c) for c in chunks]
     if not any(chunks):
-        raise ValueError(
-            "bpe_stepper: the chunks hold no bytes: pass a sentence, e.g. [c.encode() for c in pretokenize(text)]"
-        )
-    vocab, steps = _vocab_of(merges), _bpe_steps(merges, chunks)
-    order = sorted(merges.items(), key=lambda item: item[1])
+        raise ValueError("bpe_stepper: the chunks hold no bytes: pass [c.encode() for c in pretokenize(sentence)]")
+    order, steps = sorted(merges.items(), key=lambda item: item[1]), _bpe_steps(merges, chunks)
+    vocab = _merge_table(dict(order))[1]  # id -> bytes, as BPETokenizer.vocab
     merged = {str(n): [*order[n - 1][0], order[n - 1][1]] for n, _ in steps[1:]}  # n -> [a, b, new id]
     used = {i for _, ids in steps for i in ids} | {i for m in merged.values() for i in m}
     texts = {i: _shown(vocab[i].decode("utf-8", "backslashreplace")) for i in sorted(used)}
@@ -310,19 +300,13 @@ def sampling_lab(
         raise ValueError(
             f"sampling_lab needs a prompt and a token, got {len(prompts)} prompts and {len(tokens)} tokens"
         )
-    if logits.shape != (len(prompts), len(tokens)):
-        raise ValueError(
-            f"logits must be (len(prompts), len(tokens)) = {(len(prompts), len(tokens))}, got {logits.shape}"
-        )
+    if logits.shape != (shape := (len(prompts), len(tokens))):
+        raise ValueError(f"logits must be (len(prompts), len(tokens)) = {shape}, got {logits.shape}")
     if np.isnan(logits).any() or np.isposinf(logits).any() or not np.isfinite(logits).any(-1).all():
         raise ValueError("logits must be finite or -inf (a masked token), with a finite one for every prompt")
     tokens, vocab = [_shown(t) for t in tokens], len(tokens)
-    data = {
-        "prompts": [
-            {"text": p, "logits": [x if x > -np.inf else None for x in z.tolist()]} for p, z in zip(prompts, logits)
-        ],
-        "tokens": tokens,
-    }
+    each = [{"text": p, "logits": [x if x > -np.inf else None for x in z.tolist()]} for p, z in zip(prompts, logits)]
+    data = {"prompts": each, "tokens": tokens}
     controls = [
         choice("prompt", "prompt", [(i, repr(p)) for i, p in enumerate(prompts)]),
         slider("temperature", "temperature", 0, 2, 0.05, temperature),
@@ -337,12 +321,8 @@ def sampling_lab(
 #| code-fold: true
 def _tril_rows(weights: np.ndarray) -> list:
     "Each (T, T) causal pattern as its rows' first q + 1 weights in units of 1e-4, one flat list per (layer, head)."
-    L, H, T, _ = weights.shape
-    return [
-        [int(round(x * 1e4)) for q in range(T) for x in weights[layer, head, q, : q + 1]]
-        for layer in range(L)
-        for head in range(H)
-    ]
+    T = weights.shape[-1]
+    return [[int(round(x * 1e4)) for q in range(T) for x in w[q, : q + 1]] for w in weights.reshape(-1, T, T)]
 
 
 def _attention_spans(tokens: list, row: list, query: int) -> str:

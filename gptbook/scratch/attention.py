@@ -58,11 +58,8 @@ def multi_head_attention(
     v = qkv[..., k_end:].reshape(B, T, n_kv_heads, head_dim).transpose(0, 2, 1, 3)  # (B, n_kv_heads, T, head_dim)
     if rope is not None:  # rotate queries and keys, never values
         q, k = scratch_positions.apply_rope(q, *rope), scratch_positions.apply_rope(k, *rope)
-    group = n_heads // n_kv_heads
-    k, v = (
-        np.repeat(k, group, axis=1),
-        np.repeat(v, group, axis=1),
-    )  # (B, n_heads, T, head_dim): head h reads kv head h // group
+    group = n_heads // n_kv_heads  # query head h reads kv head h // group
+    k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)  # (B, n_heads, T, head_dim)
     y = scaled_dot_product_attention(q, k, v, causal_mask(T))  # (B, n_heads, T, head_dim)
     y = y.transpose(0, 2, 1, 3).reshape(B, T, d_model)  # heads side by side again: the concatenation
     y = y @ param(params, "c_proj.weight").T

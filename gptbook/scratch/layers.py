@@ -59,12 +59,7 @@ def swiglu(params: dict, x: np.ndarray) -> np.ndarray:
     return proj("down_proj", silu(proj("gate_proj", x)) * proj("up_proj", x))  # (..., d_model)
 
 # %% ../../nbs/05_blocks.ipynb #babf10f8
-def layer_norm(
-    x: np.ndarray,
-    weight: np.ndarray,
-    bias: np.ndarray | None = None,
-    eps: float = 1e-5,
-) -> np.ndarray:
+def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None, eps: float = 1e-5) -> np.ndarray:
     "LayerNorm over the last axis (biased variance)."
     mu = x.mean(-1, keepdims=True)  # (..., 1)
     var = ((x - mu) ** 2).mean(-1, keepdims=True)  # / d
@@ -80,15 +75,10 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float = 1e-5) -> np.ndarray
 # %% ../../nbs/05_blocks.ipynb #ee67098a
 #| code-fold: true
 #| code-summary: "make_norm and make_ffn in NumPy: the function a sublayer computes, by name"
-def _layer_norm(params, eps, x):
-    return layer_norm(x, param(params, "weight"), params.get("bias"), eps)
-
-
-def _rms_norm(params, eps, x):
-    return rms_norm(x, param(params, "weight"), eps)
-
-
-_NORMS = {"layernorm": _layer_norm, "rmsnorm": _rms_norm}
+_NORMS = {  # (params, eps, x) -> the norm of x
+    "layernorm": lambda params, eps, x: layer_norm(x, param(params, "weight"), params.get("bias"), eps),
+    "rmsnorm": lambda params, eps, x: rms_norm(x, param(params, "weight"), eps),
+}
 _FFNS = {
     "gelu": functools.partial(feed_forward, activation="gelu"),
     "gelu_tanh": functools.partial(feed_forward, activation="gelu_tanh"),

@@ -17,19 +17,9 @@ from .layers import block, gelu_tanh, make_norm
 from .positions import learned_positions, make_positions
 
 # %% ../../nbs/06_model.ipynb #56c8241c
-_FIELDS = (  # the GPTConfig fields the forward pass reads; the sizes come from the weights
-    "vocab_size",
-    "n_layers",
-    "n_heads",
-    "d_model",
-    "n_kv_heads",
-    "norm",
-    "norm_position",
-    "positions",
-    "ffn",
-    "tie_weights",
-    "rope_base",
-    "norm_eps",
+# the GPTConfig fields the forward pass reads; the sizes come from the weights
+_FIELDS = (
+    "vocab_size n_layers n_heads d_model n_kv_heads norm norm_position positions ffn tie_weights rope_base norm_eps"
 )
 _DEFAULTS = {"embed_scale": False}  # fields added later: a config written before them reads as their default
 
@@ -37,7 +27,7 @@ _DEFAULTS = {"embed_scale": False}  # fields added later: a config written befor
 def _config(config) -> SimpleNamespace:
     "The fields forward reads, from a GPTConfig or from the dict GPTConfig.to_dict() writes."
     fields = {}
-    for name in (*_FIELDS, *_DEFAULTS):
+    for name in (*_FIELDS.split(), *_DEFAULTS):
         try:
             fields[name] = config[name] if isinstance(config, dict) else getattr(config, name)
         except (KeyError, AttributeError):

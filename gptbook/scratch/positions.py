@@ -19,9 +19,7 @@ def learned_positions(table: np.ndarray, T: int, start: int = 0) -> np.ndarray:
     max_seq_len = table.shape[0]
     if T < 0 or start < 0 or start + T > max_seq_len:
         raise ValueError(
-            f"positions {start}..{start + T - 1} exceed max_seq_len={max_seq_len} of the learned position table "
-            f"(T={T} tokens from position {start}): crop the context to {max_seq_len} tokens; a learned table "
-            "has no rows beyond it"
+            f"positions {start}..{start + T - 1} exceed max_seq_len={max_seq_len} (T={T}): crop the context"
         )
     return table[start : start + T]  # (T, d_model)
 
