@@ -1,5 +1,6 @@
 """The wheel installs and imports with its runtime requirements only (no nbdev, no fastcore)."""
 
+import os
 import re
 import subprocess
 import sys
@@ -32,8 +33,11 @@ def test_wheel_installs_and_imports_without_dev_tools(tmp_path):
 
     # The same torch as here (this machine keeps its CPU build on disk), then the wheel, whose other
     # runtime requirements pip resolves from the wheel's own metadata.
-    _run([py, "-m", "pip", "install", "-q", f"torch=={torch.__version__.split('+')[0]}"])
-    _run([py, "-m", "pip", "install", "-q", str(wheels[0])])
+    # cwd and environment away from the checkout: its gptbook.egg-info on sys.path ('' or PYTHONPATH) would make
+    # pip think gptbook is installed already, and skip the wheel (and its console script)
+    away = {"cwd": tmp_path, "env": {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}}
+    _run([py, "-m", "pip", "install", "-q", f"torch=={torch.__version__.split('+')[0]}"], **away)
+    _run([py, "-m", "pip", "install", "-q", str(wheels[0])], **away)
 
     check = (
         "import importlib, importlib.util, pkgutil, gptbook\n"
@@ -47,7 +51,7 @@ def test_wheel_installs_and_imports_without_dev_tools(tmp_path):
         "assert 'fill: function' in bpe_stepper({}, [b'ab'])._repr_html_()  # the scripts are package data\n"
         "print(gptbook.__version__, len(names))\n"
     )
-    out = _run([py, "-c", check], cwd=tmp_path).stdout  # cwd outside the repo: import the installed wheel
+    out = _run([py, "-c", check], **away).stdout  # cwd outside the repo: import the installed wheel
     assert out.split()[0] == _version()
     if (ROOT / "gptbook" / "cli.py").exists():
         help_text = _run([env_dir / "bin" / "gptbook", "--help"]).stdout
