@@ -7,7 +7,6 @@ import http.client
 import io
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -28,10 +27,10 @@ from gptbook.config import GPTConfig  # noqa: E402
 from gptbook.sample import SamplingConfig, generate  # noqa: E402
 from gptbook.serve import chat_loop, create_app  # noqa: E402
 from gptbook.train import TrainConfig, train, train_sft  # noqa: E402
+from test_widgets import browser  # noqa: E402, F401 (the Chromium fixture of the widget tests)
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = os.environ.get("GPTBOOK_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 CONTEXT = 64
 QUESTION = [{"role": "user", "content": "What is 12 + 34?"}]
 TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\nWhat is 12 + 34? 46\n" * 40
@@ -275,17 +274,6 @@ def test_requests_wait_for_each_other(server, client):
 # --- the chat page in Chromium ----------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def browser():
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
-    if not Path(CHROMIUM).is_file():
-        pytest.skip(f"no browser at {CHROMIUM}: apt-get install chromium (.ci/run does), or set GPTBOOK_CHROMIUM")
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True)
-        yield b
-        b.close()
-
-
 WATCH = """() => { window.seen = [];
   new MutationObserver(() => { const a = document.querySelector('#log > div:last-child');
     if (a) seen.push([performance.now(), a.className, a.textContent]); })
@@ -302,7 +290,7 @@ def ask(page, text: str) -> tuple[str, list]:
     return page.locator("#log > div").last.text_content(), page.evaluate("window.seen")
 
 
-def test_the_chat_page_streams_and_answers_as_the_api(server, client, browser):
+def test_the_chat_page_streams_and_answers_as_the_api(server, client, browser):  # noqa: F811 (test_widgets)
     context = browser.new_context()
     page, errors, outside = context.new_page(), [], []
     page.on("pageerror", lambda e: errors.append(str(e)))
