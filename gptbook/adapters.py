@@ -139,9 +139,6 @@ def _hf_parts(contents: dict) -> tuple:
     pattern, model, as_byte = _hf_pattern(contents), contents["model"], {c: b for b, c in byte_to_char().items()}
     specials = {t["content"]: t["id"] for t in contents.get("added_tokens") or []}
     vocab = {s: i for s, i in model["vocab"].items() if s not in specials}
-    alien = next((s for s in vocab if not set(s) <= as_byte.keys()), None)
-    if alien is not None:
-        raise ValueError(f"token {alien!r} is not spelled in GPT-2's byte alphabet, so it is not byte-level")
     merges = [m.split(" ") if isinstance(m, str) else m for m in model["merges"]]
     made = {"".join(m) for m in merges} | as_byte.keys()
     orphans = [s for s in vocab if s not in made]

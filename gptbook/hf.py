@@ -18,7 +18,7 @@ from .files import atomic_dir
 from .model import GPT
 from .positions import rope_halves_to_interleaved
 from .tokenizer import BPETokenizer
-from .weights import _rope_rows, gpt2_plan, hf_folder, llama_plan, load_hf, load_nanogpt
+from .weights import _GPT2_KEYS, _LLAMA_KEYS, _rope_rows, gpt2_plan, hf_folder, llama_plan, load_hf, load_nanogpt
 
 _all_ = ["load_hf"]  # gptbook.hf.load_hf: the reader lives in gptbook.weights
 
@@ -34,25 +34,18 @@ _LLAMA_NEEDS = (
     ("ffn", lambda c: c.ffn == "swiglu", "ffn='swiglu'"),
 )
 _HF_STYLE = {"learned": ("gpt2", "GPT2LMHeadModel", _GPT2_NEEDS), "rope": ("llama", "LlamaForCausalLM", _LLAMA_NEEDS)}
+_ANY_NEEDS = (  # (field, the test GPT-2 and Llama both need, what the value means, what to set instead)
+    ("norm_position", lambda c: c.norm_position == "pre", "", "norm_position='pre' (GPT-2 and Llama are pre-norm)"),
+    ("embed_scale", lambda c: not c.embed_scale, " (token embeddings times sqrt(d_model))", "embed_scale=False"),
+    ("positions", lambda c: c.positions in _HF_STYLE, "", "positions='learned' (as GPT-2) or 'rope' (as Llama)"),
+)
 
 
 def _hf_style(c: GPTConfig) -> str:
     "'gpt2' or 'llama': the Hugging Face class that computes what `c` computes; anything else is one ValueError."
-    if c.norm_position != "pre":
-        raise ValueError(
-            f"save_hf: norm_position={c.norm_position!r} has no Hugging Face form (GPT-2 and Llama are pre-norm): "
-            "train with norm_position='pre'"
-        )
-    if c.embed_scale:
-        raise ValueError(
-            "save_hf: embed_scale=True (token embeddings times sqrt(d_model)) has no Hugging Face form (GPT-2 and "
-            "Llama add the embeddings unscaled): train with embed_scale=False"
-        )
-    if c.positions not in _HF_STYLE:
-        raise ValueError(
-            f"save_hf: positions={c.positions!r} has no Hugging Face form: use positions='learned' "
-            "(saved as GPT2LMHeadModel) or 'rope' (saved as LlamaForCausalLM)"
-        )
+    for field, fits, meaning, fix in _ANY_NEEDS:
+        if not fits(c):
+            raise ValueError(f"save_hf: {field}={getattr(c, field)!r}{meaning} has no Hugging Face form: use {fix}")
     style, arch, needs = _HF_STYLE[c.positions]
     for field, fits, fix in needs:
         if not fits(c):
@@ -63,33 +56,25 @@ def _hf_style(c: GPTConfig) -> str:
     return style
 
 # %% ../nbs/A3_interop.ipynb #dc911240
-def _gpt2_hf_config(c: GPTConfig) -> dict:
-    return {
-        "architectures": ["GPT2LMHeadModel"],
-        "model_type": "gpt2",
-        "vocab_size": c.vocab_size,
-        "n_positions": c.max_seq_len,
-        "n_embd": c.d_model,
-        "n_layer": c.n_layers,
-        "n_head": c.n_heads,
-        "n_inner": c.d_ff,
-        "activation_function": {"gelu_tanh": "gelu_new", "gelu": "gelu"}[c.ffn],
-        "layer_norm_epsilon": c.norm_eps,
-        "tie_word_embeddings": c.tie_weights,
-        **{k: c.dropout for k in ("resid_pdrop", "embd_pdrop", "attn_pdrop")},
-    }
-
-
-def _llama_hf_config(c: GPTConfig) -> dict:
+def _hf_config(c: GPTConfig) -> dict:
+    "The Hugging Face config.json (as a dict) of a GPTConfig: the inverse of `config_from_hf`."
+    if _hf_style(c) == "gpt2":
+        return {
+            "architectures": ["GPT2LMHeadModel"],
+            "model_type": "gpt2",
+            **{theirs: getattr(c, ours) for ours, theirs in _GPT2_KEYS.items()},
+            "n_inner": c.d_ff,
+            "activation_function": {"gelu_tanh": "gelu_new", "gelu": "gelu"}[c.ffn],
+            "layer_norm_epsilon": c.norm_eps,
+            "tie_word_embeddings": c.tie_weights,
+            **{k: c.dropout for k in ("resid_pdrop", "embd_pdrop", "attn_pdrop")},
+        }
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
-        "vocab_size": c.vocab_size,
+        **{theirs: getattr(c, ours) for ours, theirs in _LLAMA_KEYS.items()},
         "max_position_embeddings": c.max_seq_len,
-        "hidden_size": c.d_model,
         "intermediate_size": c.resolved_d_ff,
-        "num_hidden_layers": c.n_layers,
-        "num_attention_heads": c.n_heads,
         "num_key_value_heads": c.resolved_kv_heads,
         "head_dim": c.head_dim,
         "hidden_act": "silu",
@@ -100,11 +85,6 @@ def _llama_hf_config(c: GPTConfig) -> dict:
         "attention_dropout": c.dropout,
         "tie_word_embeddings": c.tie_weights,
     }
-
-
-def _hf_config(c: GPTConfig) -> dict:
-    "The Hugging Face config.json (as a dict) of a GPTConfig: the inverse of `config_from_hf`."
-    return _gpt2_hf_config(c) if _hf_style(c) == "gpt2" else _llama_hf_config(c)
 
 # %% ../nbs/A3_interop.ipynb #eeaa77ff
 def _split_qkv(c: GPTConfig, w: torch.Tensor, sizes: list) -> list:
@@ -132,21 +112,14 @@ def _hf_state_dict(model: GPT) -> dict:
     return tensors
 
 # %% ../nbs/A3_interop.ipynb #3741ac24
-def _hf_tokenizer(tokenizer):
-    "A `tokenizers.Tokenizer`: the argument itself, or its `to_hf()` (a BPETokenizer's); anything else is a TypeError."
-    if hasattr(tokenizer, "to_hf"):
-        tokenizer = tokenizer.to_hf()
-    if not hasattr(tokenizer, "to_str"):
+def _save_tokenizer(tokenizer, folder: Path, config: dict, max_len: int) -> int | None:
+    "tokenizer.json and the tokenizer_config.json AutoTokenizer reads; the id of <|endoftext|>, which marks both ends."
+    hf_tok = tokenizer.to_hf() if hasattr(tokenizer, "to_hf") else tokenizer  # a BPETokenizer, or HF's own
+    if not hasattr(hf_tok, "to_str"):
         raise TypeError(
             f"save_hf: tokenizer is a {type(tokenizer).__name__}, which has no Hugging Face form: pass a "
             "BPETokenizer or a tokenizers.Tokenizer (a CharTokenizer cannot be saved; train a BPETokenizer)"
         )
-    return tokenizer
-
-
-def _save_tokenizer(tokenizer, folder: Path, config: dict, max_len: int) -> int | None:
-    "tokenizer.json and the tokenizer_config.json AutoTokenizer reads; the id of <|endoftext|>, which marks both ends."
-    hf_tok = _hf_tokenizer(tokenizer)
     if hf_tok.get_vocab_size() > config["vocab_size"]:
         raise ValueError(
             f"save_hf: the tokenizer has {hf_tok.get_vocab_size()} ids, more than the model's "
@@ -204,11 +177,8 @@ def _check_destination(folder: Path) -> None:
 
 
 def save_hf(model: GPT, folder, tokenizer=None, trained: dict | None = None) -> Path:
-    """Write `model` as a Hugging Face folder (config.json, generation_config.json, model.safetensors, a model card
-    README.md, and the tokenizer's files when given) that `transformers.AutoModelForCausalLM.from_pretrained(folder)`
-    loads; `trained`, a checkpoint's `state`, tells the card how the model was trained. The folder must be new,
-    empty or an earlier save's: it is written beside its place and renamed into it (an interrupted save leaves no
-    half)."""
+    """Write `model` (and `tokenizer`) as a folder `transformers.AutoModelForCausalLM.from_pretrained` loads, whole or
+    not at all; the folder must be new, empty or an earlier save's; `trained` (a checkpoint's state) feeds the card."""
     model = getattr(model, "_orig_mod", model)  # a torch.compile wrapper: save the model inside
     if not isinstance(model, GPT):
         raise TypeError(f"save_hf saves a gptbook GPT, got a {type(model).__name__}")

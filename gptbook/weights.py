@@ -41,10 +41,18 @@ def _refuse(key: str, value, why: str):
     raise ValueError(f"config.json has {key}={value!r}: {why}, which GPT does not implement")
 
 
+# GPTConfig's sizes and their names in config.json: read by config_from_hf, written by save_hf
+_GPT2_KEYS = dict(
+    vocab_size="vocab_size", max_seq_len="n_positions", n_layers="n_layer", n_heads="n_head", d_model="n_embd"
+)
+_LLAMA_KEYS = dict(
+    vocab_size="vocab_size", n_layers="num_hidden_layers", n_heads="num_attention_heads", d_model="hidden_size"
+)
+
+
 def _gpt2_shape(d: dict, context: str) -> dict:
     "The GPTConfig sizes from GPT-2's names, which HF's config.json and nanoGPT's model_args share (`context` differs)."
-    names = dict(vocab_size="vocab_size", max_seq_len=context, n_layers="n_layer", n_heads="n_head", d_model="n_embd")
-    return {ours: d[theirs] for ours, theirs in names.items()}
+    return {ours: d[theirs] for ours, theirs in (_GPT2_KEYS | {"max_seq_len": context}).items()}
 
 
 def _gpt2_config(hf: dict) -> GPTConfig:
@@ -79,11 +87,8 @@ def _llama_config(hf: dict) -> GPTConfig:
         why = f"a head width other than hidden_size // num_attention_heads = {d_model // n_heads}"
         _refuse("head_dim", hf["head_dim"], why)
     return GPTConfig.llama_style(
-        vocab_size=hf["vocab_size"],
+        **{ours: hf[theirs] for ours, theirs in _LLAMA_KEYS.items()},
         max_seq_len=hf.get("max_position_embeddings", 2048),
-        n_layers=hf["num_hidden_layers"],
-        n_heads=n_heads,
-        d_model=d_model,
         n_kv_heads=hf.get("num_key_value_heads") or n_heads,
         d_ff=hf["intermediate_size"],
         bias=bool(hf.get("attention_bias", False)),
@@ -107,10 +112,6 @@ def config_from_hf(hf: dict, source="config.json") -> GPTConfig:
         raise ValueError(f"{source}{said}") from None
 
 # %% ../nbs/A3_interop.ipynb #cd8bafe1
-def _transpose(w: torch.Tensor) -> torch.Tensor:
-    return w.t()  # Conv1D stores (in, out); nn.Linear wants (out, in)
-
-
 def _linear_shape(kind: str, out_features: int, in_features: int) -> tuple:
     "The shape of a linear layer's weight, (out, in), or of its bias, (out,)."
     return (out_features, in_features) if kind == "weight" else (out_features,)
@@ -128,9 +129,9 @@ def gpt2_plan(c: GPTConfig, pre: str = "transformer.") -> list:
         for ln in ("ln_1", "ln_2"):
             plan += [(f"blocks.{i}.{ln}.{k}", [(f"{h}{ln}.{k}", (d,))], None) for k in ("weight", "bias")]
         shapes = {"attn.c_attn": (d, 3 * d), "attn.c_proj": (d, d), "mlp.c_fc": (d, d_ff), "mlp.c_proj": (d_ff, d)}
-        for ours, shape in shapes.items():
+        for ours, shape in shapes.items():  # Conv1D stores (in, out): transposed into nn.Linear's (out, in)
             plan += [
-                (f"blocks.{i}.{ours}.weight", [(f"{h}{ours}.weight", shape)], _transpose),
+                (f"blocks.{i}.{ours}.weight", [(f"{h}{ours}.weight", shape)], torch.t),
                 (f"blocks.{i}.{ours}.bias", [(f"{h}{ours}.bias", shape[1:])], None),
             ]
     plan += [(f"ln_f.{k}", [(f"{pre}ln_f.{k}", (d,))], None) for k in ("weight", "bias")]
@@ -144,21 +145,15 @@ def _rope_rows(w: torch.Tensor, n_heads: int, perm: torch.Tensor) -> torch.Tenso
     return w.reshape(n_heads, len(perm), *w.shape[1:])[:, perm].reshape(w.shape)
 
 
-def _llama_qkv(c: GPTConfig):
-    "The function that fuses Llama's q_proj, k_proj, v_proj into c_attn, re-pairing q and k for interleaved RoPE."
-    perm = rope_halves_to_interleaved(c.head_dim)
-
-    def fuse(q, k, v):  # [q | k | v], as c_attn lays them out
-        return torch.cat([_rope_rows(q, c.n_heads, perm), _rope_rows(k, c.resolved_kv_heads, perm), v])
-
-    return fuse
-
-
 def llama_plan(c: GPTConfig) -> list:
     "Llama's tensors for each of ours: (our name, [(their names, shapes)], combine), q, k and v fused into c_attn."
     d, d_ff, hd = c.d_model, c.resolved_d_ff, c.head_dim
     qkv_rows = {"q": c.n_heads * hd, "k": c.resolved_kv_heads * hd, "v": c.resolved_kv_heads * hd}
-    fuse = _llama_qkv(c)
+    perm = rope_halves_to_interleaved(hd)
+
+    def fuse(q, k, v):  # [q | k | v] as c_attn lays them out, q and k re-paired for interleaved RoPE
+        return torch.cat([_rope_rows(q, c.n_heads, perm), _rope_rows(k, c.resolved_kv_heads, perm), v])
+
     plan = [("wte.weight", [("model.embed_tokens.weight", (c.vocab_size, d))], None)]
     for i in range(c.n_layers):
         ours, h = f"blocks.{i}.", f"model.layers.{i}."
