@@ -40,20 +40,27 @@ def _split_token(ranks: dict, token: bytes) -> tuple[bytes, bytes]:
     return parts[0], parts[1]
 
 
+def _numbered(merges, as_byte: dict, id_of: dict) -> tuple[list, list]:
+    "Pairs in the book's numbering and the source's id (`id_of`) of each byte and merge, from the merges `(a, b)`."
+    if missing := [t for t in as_byte if t not in id_of]:
+        raise ValueError(
+            f"the vocabulary lacks {len(missing)} of the 256 byte tokens (e.g. {missing[0]!r}): not byte-level"
+        )
+    canon = dict(as_byte)  # token -> id in the book's numbering
+    ids, pairs = [id_of[t] for t in sorted(as_byte, key=as_byte.get)], []
+    for a, b in merges:
+        if a not in canon or b not in canon or a + b not in id_of:
+            raise ValueError(f"merge {a!r} {b!r} uses a token made by no earlier merge")
+        pairs.append((canon[a], canon[b]))
+        canon[a + b] = 255 + len(pairs)
+        ids.append(id_of[a + b])
+    return pairs, ids
+
+
 def _from_ranks(ranks: dict) -> tuple[list, list]:
     "Merges (pairs in the book's numbering) and `ids` (the source's id of each byte and merge) from {bytes: id}."
-    if missing := [b for b in range(256) if bytes([b]) not in ranks]:
-        raise ValueError(
-            f"the vocabulary lacks {len(missing)} of the 256 bytes (e.g. {missing[0]:#04x}): not byte-level"
-        )
-    canon = {bytes([b]): b for b in range(256)}  # token bytes -> id in the book's numbering
-    ids, pairs = [ranks[bytes([b])] for b in range(256)], []
-    for token in sorted((t for t in ranks if len(t) > 1), key=ranks.__getitem__):
-        a, b = _split_token(ranks, token)
-        pairs.append((canon[a], canon[b]))
-        canon[token] = 255 + len(pairs)
-        ids.append(ranks[token])
-    return pairs, ids
+    merges = (_split_token(ranks, t) for t in sorted((t for t in ranks if len(t) > 1), key=ranks.__getitem__))
+    return _numbered(merges, {bytes([b]): b for b in range(256)}, ranks)
 
 
 def tiktoken_parts(encoding) -> tuple:
@@ -118,22 +125,6 @@ def _hf_pattern(contents: dict) -> str | None:
     raise ValueError(f"it splits text in a way from_hf does not support ({kinds})")
 
 
-def _hf_merges(merges: list, vocab: dict, as_byte: dict) -> tuple[list, list]:
-    "Merges in the book's numbering and the tokenizer.json's id of each byte and merge."
-    missing = [c for c in as_byte if c not in vocab]
-    if missing:
-        raise ValueError(f"the vocabulary lacks {len(missing)} of the 256 byte tokens (e.g. {missing[0]!r})")
-    canon = dict(as_byte)  # token text -> id in the book's numbering
-    ids, pairs = [vocab[c] for c in sorted(as_byte, key=as_byte.get)], []
-    for a, b in merges:
-        if a not in canon or b not in canon or a + b not in vocab:
-            raise ValueError(f"merge {a!r} {b!r} uses a token made by no earlier merge")
-        pairs.append((canon[a], canon[b]))
-        canon[a + b] = 255 + len(pairs)
-        ids.append(vocab[a + b])
-    return pairs, ids
-
-
 def _hf_parts(contents: dict) -> tuple:
     "(pairs, pattern, specials, ids) of the JSON of a Hugging Face byte-level BPE tokenizer.json."
     pattern, model, as_byte = _hf_pattern(contents), contents["model"], {c: b for b, c in byte_to_char().items()}
@@ -144,7 +135,7 @@ def _hf_parts(contents: dict) -> tuple:
     orphans = [s for s in vocab if s not in made]
     if orphans:
         raise ValueError(f"{len(orphans)} token(s), e.g. {orphans[0]!r}, are not made by any merge")
-    pairs, ids = _hf_merges(merges, vocab, as_byte)
+    pairs, ids = _numbered(merges, as_byte, vocab)
     return pairs, pattern, specials, ids
 
 
