@@ -154,7 +154,7 @@ def _add_train_args(p: argparse.ArgumentParser, preset: str | None = None, sft: 
     run.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
     run.add_argument("--overwrite", action="store_true", help="replace --out's run once the new one has a checkpoint")
     run.add_argument("--config", metavar="JSON", help="replay a run: a run folder or its config.json (flags override)")
-    run.add_argument("--sample-tokens", type=int, default=300, metavar="N", help="closing sample of N tokens (0: none)")
+    run.add_argument("--sample-tokens", type=int, default=300, metavar="N", help="closing sample size (default: 300)")
     return {**flags, **model_flags, "config": "--config"}
 
 # %% ../nbs/A4_cli.ipynb #02a2ea8f
@@ -368,7 +368,7 @@ def build_parser(command: str | None = None, preset: str | None = None) -> argpa
         ("train", "train a GPT; no arguments: the CPU baby model on Tiny Shakespeare's characters, into out/"),
         ("sft", "fine-tune --init-from's model on --task's conversations; --lora-rank R: low-rank adapters only"),
     ]:
-        t = sub.add_parser(name, help=text, description=text)
+        t = sub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
         t.set_defaults(func=_train, flags=_add_train_args(t, preset, name == "sft") if command in (None, name) else {})
     s = sub.add_parser(
         "sample",

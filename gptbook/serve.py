@@ -52,9 +52,8 @@ def fit_turns(messages: list[dict], tokenizer, budget: int) -> tuple[list[dict],
 
 # %% ../nbs/A6_serve.ipynb #a6s16
 def chat_loop(run, max_new_tokens=None, temperature=0.8, top_p=0.9, seed=None, device=None, read=input) -> None:
-    """Talk with the fine-tuned model of `run` in the terminal (`gptbook chat RUN`): each reply streams as it is
-    written; the oldest turns go when the history outgrows the context. Ctrl-C stops a reply; at the prompt,
-    Ctrl-C or Ctrl-D leaves. `read`: where the lines come from (`input`)."""
+    """Talk with the fine-tuned model of `run` in the terminal (`gptbook chat RUN`), reading lines with `read`.
+    Ctrl-C stops a reply; at the prompt, Ctrl-C or Ctrl-D leaves."""
     ck = load_checkpoint(run, device)
     model, tokenizer, context = ck.model, ck.tokenizer, ck.model.config.max_seq_len
     config = SamplingConfig(max_new_tokens or max(1, context // 4), temperature, top_p=top_p, stop=chat_ids(tokenizer))
@@ -270,7 +269,7 @@ def add_commands(sub) -> None:
         ("chat", "talk with a fine-tuned model in the terminal; the oldest turns go when the context is full"),
         ("serve", "serve a fine-tuned model: OpenAI's /v1/chat/completions, /v1/completions, /v1/models; a chat page"),
     ]:
-        p = sub.add_parser(name, help=text, description=text)
+        p = sub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
         p.add_argument("run", metavar="RUN", help="a fine-tuned run folder (gptbook sft) or a checkpoint folder")
         p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default: auto)")
     c, s = sub.choices["chat"], sub.choices["serve"]
