@@ -31,8 +31,7 @@ from .serve import add_commands
 from .tokenizer import GPT2_PATTERN, BPETokenizer, CharTokenizer, load_tokenizer
 
 # %% auto #0
-__all__ = ['UNSET', 'SAMPLE_DEFAULTS', 'add_options', 'given', 'config_from_args', 'sampling_config_from_args', 'build_parser',
-           'main']
+__all__ = ['SAMPLE_DEFAULTS', 'add_options', 'given', 'config_from_args', 'sampling_config_from_args', 'build_parser', 'main']
 
 # %% ../nbs/A4_cli.ipynb #04caae1e
 class _Parser(argparse.ArgumentParser):
@@ -55,26 +54,16 @@ class _Parser(argparse.ArgumentParser):
 
 # %% ../nbs/A4_cli.ipynb #854fc5e4
 #| code-fold: true
-_NONE = "none"  # the word that sets an optional field to None
+_NONE = "none"  # the word that sets an optional field to None (`given` turns it into None)
 _METAVARS = {int: "N", float: "X", str: "TEXT"}  # what the help shows after a flag, unless the field names one
 
 
-class _Unset:
-    "The value parsed from `--flag none`: an explicit None, unlike a flag that was not given."
-
-    def __repr__(self):
-        return "none"
-
-
-UNSET = _Unset()
-
-
 def _parse_as(kind, optional: bool):
-    "An argparse `type=` function for values of `kind` (int, float or str); 'none' gives UNSET if `optional`."
+    "An argparse `type=` function for values of `kind` (int, float or str); 'none' stays 'none' if `optional`."
 
     def parse(text: str):
         if optional and text.lower() == _NONE:
-            return UNSET
+            return _NONE
         try:
             return kind(text)
         except ValueError:
@@ -106,9 +95,7 @@ def _argument(f: dataclasses.Field, hint, default) -> tuple[list[str], dict]:
     kw = dict(dest=f.name, default=None, help=text.strip().replace("%", "%%"))
     origin = typing.get_origin(base) or base
     if choices := choices_of(base):
-        kw.update(choices=choices, type=_parse_as(type(choices[0]), optional))
-        if optional:
-            kw["choices"] = (*choices, UNSET)
+        kw.update(choices=(*choices, _NONE) if optional else choices, type=_parse_as(type(choices[0]), optional))
     elif base is bool:
         kw.update(action=argparse.BooleanOptionalAction)
     elif origin in (tuple, list):
@@ -136,8 +123,10 @@ def add_options(parser, cls, title: str, defaults: dict | None = None) -> dict[s
 
 def given(args, cls) -> dict:
     "The fields of the dataclass `cls` that were given on the command line (`--x none` gives None)."
+    hints = field_types(cls)
     values = {f.name: v for f in dataclasses.fields(cls) if (v := getattr(args, f.name, None)) is not None}
-    return {name: None if v is UNSET else tuple(v) if isinstance(v, list) else v for name, v in values.items()}
+    unset = {k for k, v in values.items() if v == _NONE and split_optional(hints[k])[1]}
+    return {k: None if k in unset else tuple(v) if isinstance(v, list) else v for k, v in values.items()}
 
 # %% ../nbs/A4_cli.ipynb #579376a5
 def _add_train_args(p: argparse.ArgumentParser, preset: str | None = None, sft: bool = False) -> dict[str, str]:
