@@ -31,8 +31,7 @@ from .serve import add_commands
 from .tokenizer import GPT2_PATTERN, BPETokenizer, CharTokenizer, load_tokenizer
 
 # %% auto #0
-__all__ = ['UNSET', 'SAMPLE_DEFAULTS', 'add_options', 'given', 'config_from_args', 'sampling_config_from_args', 'build_parser',
-           'main']
+__all__ = ['SAMPLE_DEFAULTS', 'add_options', 'given', 'config_from_args', 'sampling_config_from_args', 'build_parser', 'main']
 
 # %% ../nbs/A4_cli.ipynb #04caae1e
 class _Parser(argparse.ArgumentParser):
@@ -55,26 +54,16 @@ class _Parser(argparse.ArgumentParser):
 
 # %% ../nbs/A4_cli.ipynb #854fc5e4
 #| code-fold: true
-_NONE = "none"  # the word that sets an optional field to None
+_NONE = "none"  # the word that sets an optional field to None (`given` turns it into None)
 _METAVARS = {int: "N", float: "X", str: "TEXT"}  # what the help shows after a flag, unless the field names one
 
 
-class _Unset:
-    "The value parsed from `--flag none`: an explicit None, unlike a flag that was not given."
-
-    def __repr__(self):
-        return "none"
-
-
-UNSET = _Unset()
-
-
 def _parse_as(kind, optional: bool):
-    "An argparse `type=` function for values of `kind` (int, float or str); 'none' gives UNSET if `optional`."
+    "An argparse `type=` function for values of `kind` (int, float or str); 'none' stays 'none' if `optional`."
 
     def parse(text: str):
         if optional and text.lower() == _NONE:
-            return UNSET
+            return _NONE
         try:
             return kind(text)
         except ValueError:
@@ -89,12 +78,10 @@ def _default_text(f: dataclasses.Field, default) -> str:
     "How the help shows a field's default."
     if default is dataclasses.MISSING:
         return "required"
-    if default is None:
+    if default is None or default == ():
         return _NONE
     if isinstance(default, bool):
         return "on" if default else "off"
-    if isinstance(default, tuple):
-        return " ".join(map(repr, default)) or "none"
     return str(default)
 
 
@@ -108,9 +95,7 @@ def _argument(f: dataclasses.Field, hint, default) -> tuple[list[str], dict]:
     kw = dict(dest=f.name, default=None, help=text.strip().replace("%", "%%"))
     origin = typing.get_origin(base) or base
     if choices := choices_of(base):
-        kw.update(choices=choices, type=_parse_as(type(choices[0]), optional))
-        if optional:
-            kw["choices"] = (*choices, UNSET)
+        kw.update(choices=(*choices, _NONE) if optional else choices, type=_parse_as(type(choices[0]), optional))
     elif base is bool:
         kw.update(action=argparse.BooleanOptionalAction)
     elif origin in (tuple, list):
@@ -122,12 +107,12 @@ def _argument(f: dataclasses.Field, hint, default) -> tuple[list[str], dict]:
     return [flag], kw
 
 # %% ../nbs/A4_cli.ipynb #9ed5e968
-def add_options(parser, cls, title: str, defaults: dict | None = None, skip=()) -> dict[str, str]:
+def add_options(parser, cls, title: str, defaults: dict | None = None) -> dict[str, str]:
     "Add a flag for every field of the dataclass `cls` to `parser`, in a group `title`; returns {field: flag}."
     group, hints, flags = parser.add_argument_group(title), field_types(cls), {}
     defaults = defaults or {}
     for f in dataclasses.fields(cls):
-        if not f.metadata.get("cli", True) or f.name in skip:
+        if not f.metadata.get("cli", True):
             continue
         default = defaults.get(f.name, f.default if f.default_factory is dataclasses.MISSING else f.default_factory())
         names, kw = _argument(f, hints[f.name], default)
@@ -136,10 +121,12 @@ def add_options(parser, cls, title: str, defaults: dict | None = None, skip=()) 
     return flags
 
 
-def given(args, names) -> dict:
-    "The fields among `names` that were given on the command line (`--x none` gives None)."
-    values = {name: v for name in names if (v := getattr(args, name, None)) is not None}
-    return {name: None if v is UNSET else tuple(v) if isinstance(v, list) else v for name, v in values.items()}
+def given(args, cls) -> dict:
+    "The fields of the dataclass `cls` that were given on the command line (`--x none` gives None)."
+    hints = field_types(cls)
+    values = {f.name: v for f in dataclasses.fields(cls) if (v := getattr(args, f.name, None)) is not None}
+    unset = {k for k, v in values.items() if v == _NONE and split_optional(hints[k])[1]}
+    return {k: None if k in unset else tuple(v) if isinstance(v, list) else v for k, v in values.items()}
 
 # %% ../nbs/A4_cli.ipynb #579376a5
 def _add_train_args(p: argparse.ArgumentParser, preset: str | None = None, sft: bool = False) -> dict[str, str]:
@@ -156,54 +143,46 @@ def _add_train_args(p: argparse.ArgumentParser, preset: str | None = None, sft: 
     run.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
     run.add_argument("--overwrite", action="store_true", help="replace --out's run once the new one has a checkpoint")
     run.add_argument("--config", metavar="JSON", help="replay a run: a run folder or its config.json (flags override)")
-    run.add_argument(
-        "--sample-tokens", type=int, default=300, metavar="N", help="closing sample: N tokens, 0: none (default: 300)"
-    )
+    run.add_argument("--sample-tokens", type=int, default=300, metavar="N", help="closing sample size (default: 300)")
     return {**flags, **model_flags, "config": "--config"}
 
 # %% ../nbs/A4_cli.ipynb #02a2ea8f
-def _flags(args, names) -> str:
-    return ", ".join(args.flags.get(n, "--" + n.replace("_", "-")) for n in names)
-
-
 def config_from_args(args):
     "The TrainConfig that `gptbook train`'s flags describe (model flags in `model_overrides`)."
     from gptbook.chat import sft_config
     from gptbook.runs import FIXED_BY_WEIGHTS, FIXED_ON_RESUME, load_run_config
     from gptbook.train import TrainConfig
 
-    train_given = given(args, [f.name for f in dataclasses.fields(TrainConfig)])
-    model_given = given(args, [f.name for f in dataclasses.fields(GPTConfig)])
+    train_given, model_given = given(args, TrainConfig), given(args, GPTConfig)
     sft = args.command == "sft"
     if sft and not args.resume and not (train_given.get("init_from") and train_given.get("task")):
         raise ValueError("gptbook sft fine-tunes a model on a task: give --init-from RUN and --task NAME")
     if args.resume:
         if fixed := [k for k in train_given if k in FIXED_ON_RESUME] + [*model_given] + ["config"] * bool(args.config):
-            raise ValueError(
-                "--resume continues a saved run, whose data and model cannot change; drop " + _flags(args, fixed)
-            )
+            drop = ", ".join(args.flags[k] for k in fixed)
+            raise ValueError(f"--resume continues a saved run, whose data and model cannot change; drop {drop}")
         out = train_given.get("out_dir", TrainConfig().out_dir)
         saved = TrainConfig.from_dict(load_run_config(out)["train_config"])
         return saved.replace(**{**train_given, "out_dir": out})  # the folder named, never the one recorded
     saved = load_run_config(args.config) if args.config else {"train_config": {}, "model_config": None}
     init_from = train_given.get("init_from", saved["train_config"].get("init_from"))
-    if init_from and (fixed := [k for k in train_given if k in FIXED_BY_WEIGHTS]):
-        raise ValueError(f"--init-from {init_from} fixes the model and its tokenizer: drop {_flags(args, fixed)}")
+    if init_from and (fixed := [args.flags[k] for k in train_given if k in FIXED_BY_WEIGHTS]):
+        raise ValueError(f"--init-from {init_from} fixes the model and its tokenizer: drop {', '.join(fixed)}")
     overrides = {**(saved["model_config"] or saved["train_config"].get("model_overrides", {})), **model_given}
     preset = train_given.get("preset", saved["train_config"].get("preset", TrainConfig.preset))
     fields = {**saved["train_config"], **train_given, "model_overrides": overrides}
     return TrainConfig.from_dict(sft_config(**fields)) if sft else TrainConfig.from_preset(preset, **fields)
 
 # %% ../nbs/A4_cli.ipynb #c632cc04
-def _print_sample(model, tokenizer, n: int, seed: int, prompt: str = "\n"):
-    "Print `n` new tokens continuing `prompt`, at the book's default sampling settings."
+def _print_sample(model, tokenizer, n: int, seed: int):
+    "Print a newline and `n` new tokens after it, at `gptbook sample`'s default settings (SAMPLE_DEFAULTS)."
     try:
-        ids = tokenizer.encode(prompt)
+        ids = tokenizer.encode("\n")
     except ValueError:
-        ids = [0]  # a vocabulary without the prompt's characters (a text with no newline): start from id 0
+        ids = [0]  # a vocabulary without a newline (a text that has none): start from id 0
     idx = torch.tensor([ids], device=next(model.parameters()).device)
     g = torch.Generator(device=idx.device).manual_seed(seed)
-    print(tokenizer.decode(generate(model, idx, n, temperature=0.8, top_p=0.9, generator=g)[0].tolist()))
+    print(tokenizer.decode(generate(model, idx, n, **SAMPLE_DEFAULTS, generator=g)[0].tolist()))
 
 
 def _train(args) -> int:
@@ -248,23 +227,17 @@ def _add_sample_args(p: argparse.ArgumentParser) -> dict[str, str]:
 
 def sampling_config_from_args(args) -> SamplingConfig:
     "The SamplingConfig that `gptbook sample`'s flags describe."
-    names = [f.name for f in dataclasses.fields(SamplingConfig)]
-    return SamplingConfig(**{**SAMPLE_DEFAULTS, **given(args, names)})
+    return SamplingConfig(**{**SAMPLE_DEFAULTS, **given(args, SamplingConfig)})
 
 # %% ../nbs/A4_cli.ipynb #a4src01
 #| code-fold: true
-def _run_folder(args) -> str:
-    "The run folder named by RUN or --out (they may not disagree)."
-    if args.run and args.out and Path(args.run) != Path(args.out):
-        raise ValueError(f"RUN {args.run} and --out {args.out} name two runs: give one")
-    return args.run or args.out or "out"
-
-
 def _model_to_sample(args):
-    "The model (eval mode, on --device) and tokenizer that --hf, --nanogpt or the run folder name."
+    "The model (eval mode, on --device) and tokenizer that --hf, --nanogpt or the run folder (RUN or --out) name."
     sources = [name for name in ("hf", "nanogpt") if getattr(args, name)] + (["RUN"] if args.run or args.out else [])
     if len(sources) > 1:
         raise ValueError(f"give one model to sample from, not {' and '.join(sources)}")
+    if args.run and args.out and Path(args.run) != Path(args.out):
+        raise ValueError(f"RUN {args.run} and --out {args.out} name two runs: give one")
     if args.nanogpt and not args.tokenizer:
         raise ValueError(
             "a nanoGPT checkpoint has no gptbook tokenizer (its meta.pkl is a pickle, which gptbook does not load): "
@@ -276,7 +249,7 @@ def _model_to_sample(args):
         hub = args.hf and hf_pretrained(args.hf, tokenizer=given)  # a hub name: one snapshot for both
         model, tokenizer = hub or (from_nanogpt(args.nanogpt), given)
     else:
-        ck = load_checkpoint(_run_folder(args))
+        ck = load_checkpoint(args.run or args.out or "out")
         model, tokenizer = ck.model, given or ck.tokenizer
         if given and ck.tokenizer and given.vocab_size != ck.tokenizer.vocab_size:
             raise ValueError(
@@ -288,24 +261,16 @@ def _model_to_sample(args):
     return model.to(pick_device(args.device)).eval(), tokenizer
 
 # %% ../nbs/A4_cli.ipynb #667db338
-def _generator(seed, device):
-    return None if seed is None else torch.Generator(device=device).manual_seed(seed)
-
-
-def _check_sample_args(args):
+def _sample(args) -> int:
     if args.num_samples < 1:
         raise ValueError(f"--num-samples must be at least 1, got {args.num_samples}")
     if args.seed is not None and not 0 <= args.seed < 2**32:
         raise ValueError(f"--seed must be between 0 and 2**32 - 1 (4294967295), got {args.seed}")
-
-
-def _sample(args) -> int:
-    _check_sample_args(args)
     config = sampling_config_from_args(args)
     model, tokenizer = _model_to_sample(args)
     if special := next((s for s in getattr(tokenizer, "special_tokens", None) or () if s in args.prompt), None):
         raise ValueError(f"--prompt contains the special token {special!r}: gptbook sample reads plain text; remove it")
-    g = _generator(args.seed, next(model.parameters()).device)
+    g = None if args.seed is None else torch.Generator(device=next(model.parameters()).device).manual_seed(args.seed)
     for i in range(args.num_samples):
         if i:
             print("\n---------------")
@@ -320,12 +285,11 @@ def _sample(args) -> int:
     return 0
 
 # %% ../nbs/A4_cli.ipynb #a4evc01
-def _add_eval_args(p: argparse.ArgumentParser) -> dict:
+def _add_eval_args(p: argparse.ArgumentParser) -> None:
     "All flags of `gptbook eval`."
     _add_model_args(p)
     p.add_argument("--data", required=True, metavar="PATH", help="a UTF-8 text file to score (all of it)")
     p.add_argument("--batch-size", type=int, default=16, metavar="N", help="windows per forward pass (default: 16)")
-    return {}
 
 
 def _eval(args) -> int:
@@ -346,7 +310,7 @@ def _eval(args) -> int:
     return 0
 
 # %% ../nbs/A4_cli.ipynb #a4tkc01
-def _add_tokenizer_args(p: argparse.ArgumentParser) -> dict:
+def _add_tokenizer_args(p: argparse.ArgumentParser) -> None:
     "The flags of `gptbook tokenizer train`."
     p.add_argument("file", metavar="FILE", help="a UTF-8 text file to learn the merges from")
     p.add_argument("--out", required=True, metavar="PATH", help="where to write the tokenizer (JSON)")
@@ -359,7 +323,6 @@ def _add_tokenizer_args(p: argparse.ArgumentParser) -> dict:
     )
     p.add_argument("--special", action="append", metavar="TEXT", help="a special token, e.g. '<|endoftext|>' (repeat)")
     p.add_argument("--char", action="store_true", help="one id per character of FILE instead (nanoGPT's *_char)")
-    return {}
 
 
 def _tokenizer_train(args) -> int:
@@ -388,40 +351,30 @@ def build_parser(command: str | None = None, preset: str | None = None) -> argpa
         "`torchrun --standalone --nproc_per_node 8 -m gptbook train ...`.",
     )
     p.add_argument("--version", action="version", version=f"gptbook {gptbook.__version__}")
+    p.set_defaults(flags={})  # {field: flag} for the config fields a command has, which its errors name
     sub = p.add_subparsers(dest="command", metavar="{train,sft,sample,eval,tokenizer,chat,serve}")
-    t = sub.add_parser(
-        "train",
-        help="train a model (no arguments: the CPU baby model on Tiny Shakespeare)",
-        description="Train a GPT; with no arguments the CPU baby model (4 layers, 4 heads, d_model 128, "
-        "context 64, batch 12, lr 1e-3, 2,000 steps) on Tiny Shakespeare characters, into out/.",
-    )
-    t.set_defaults(func=_train, flags=_add_train_args(t, preset) if command in (None, "train") else {})
-    f = sub.add_parser(
-        "sft",
-        help="fine-tune a model on a task's conversations (chapter 16)",
-        description="Fine-tune the model of --init-from on --task's conversations, the loss on the answers alone; "
-        "--lora-rank R trains low-rank adapters instead of every weight.",
-    )
-    f.set_defaults(func=_train, flags=_add_train_args(f, preset, sft=True) if command in (None, "sft") else {})
+    for name, text in [
+        ("train", "train a GPT; no arguments: the CPU baby model on Tiny Shakespeare's characters, into out/"),
+        ("sft", "fine-tune --init-from's model on --task's conversations; --lora-rank R: low-rank adapters only"),
+    ]:
+        t = sub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
+        t.set_defaults(func=_train, flags=_add_train_args(t, preset, name == "sft") if command in (None, name) else {})
     s = sub.add_parser(
         "sample",
         help="generate text from a trained model",
         description="Continue a prompt with the model of a checkpoint, a Hugging Face model or a nanoGPT one.",
     )
     s.set_defaults(func=_sample, flags=_add_sample_args(s))
-    _add_eval_and_tokenizer(sub)
-    add_commands(sub)  # chat and serve (appendix A6)
-    return p
-
-
-def _add_eval_and_tokenizer(sub) -> None:
-    "The subcommands `eval` and `tokenizer train`."
     e = sub.add_parser("eval", help="score a model on a text file", description="Loss, perplexity, bits per character.")
-    e.set_defaults(func=_eval, flags=_add_eval_args(e))
+    e.set_defaults(func=_eval)
+    _add_eval_args(e)
     tk = sub.add_parser("tokenizer", help="train a BPE tokenizer", description="Tokenizer tools.")
     tsub = tk.add_subparsers(dest="tokenizer_command", metavar="{train}", required=True)
     tt = tsub.add_parser("train", help="train a BPE tokenizer on a text file", description="Train a BPE tokenizer.")
-    tt.set_defaults(func=_tokenizer_train, flags=_add_tokenizer_args(tt))
+    tt.set_defaults(func=_tokenizer_train)
+    _add_tokenizer_args(tt)
+    add_commands(sub)  # chat and serve (appendix A6)
+    return p
 
 # %% ../nbs/A4_cli.ipynb #890af4b8
 def main(argv=None) -> int:

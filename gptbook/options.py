@@ -13,7 +13,7 @@ import typing
 from typing import Any, Callable, Literal, Union
 
 # %% auto #0
-__all__ = ['option', 'field_types', 'split_optional', 'choices_of', 'OptionError', 'check_value', 'check_fields', 'Options']
+__all__ = ['option', 'field_types', 'split_optional', 'choices_of', 'OptionError', 'check_value', 'Options']
 
 # %% ../nbs/A1_options.ipynb #84c99dfe
 class _NoDefault:
@@ -142,19 +142,14 @@ def check_value(name: str, hint, meta: dict, value) -> None:
         why = f" ({meta['why']})" if meta.get("why") else ""
         raise OptionError(name, f"{name} must be {problem}, got {value!r}{why}")
 
-
-def check_fields(obj) -> None:
-    "Check every field of the dataclass instance `obj` against its annotation and metadata."
-    types_ = field_types(type(obj))
-    for f in dataclasses.fields(obj):
-        check_value(f.name, types_[f.name], f.metadata, getattr(obj, f.name))
-
 # %% ../nbs/A1_options.ipynb #edd0b6a7
 class Options:
     "Base of the config dataclasses: every field checked once at construction; one `to_dict`/`from_dict` policy."
 
     def __post_init__(self):
-        check_fields(self)
+        types_ = field_types(type(self))
+        for f in dataclasses.fields(self):
+            check_value(f.name, types_[f.name], f.metadata, getattr(self, f.name))
         self.check()
 
     def check(self) -> None:

@@ -19,7 +19,7 @@ from .tokenizer import BPETokenizer
 # %% auto #0
 __all__ = ['SamplingConfig', 'apply_temperature', 'top_k_filter', 'top_p_filter', 'min_p_filter', 'filter_logits',
            'sample_next_token', 'apply_repetition_penalty', 'generate_steps', 'pad_prompts', 'generate', 'TextDecoder',
-           'stream']
+           'stream_text', 'stream']
 
 # %% ../nbs/09_sampling.ipynb #d4129d96
 @dataclasses.dataclass
@@ -338,8 +338,7 @@ def _token_bytes(tokenizer, token_id: int) -> bytes | None:
 
 
 class TextDecoder:
-    """Token ids in, new text out, never half a character: through the bytes of each token where the tokenizer (as
-    `as_tokenizer` returns it) has them, else by prefix diffs (decode a window of ids, yield only whole characters)."""
+    "Token ids in, new text out, never half a character: by each token's bytes where it has them, else prefix diffs."
 
     def __init__(self, tokenizer):
         self.tokenizer, self.by_bytes = tokenizer, None  # by_bytes: decided at the first token
@@ -372,9 +371,8 @@ class TextDecoder:
 
 # %% ../nbs/09_sampling.ipynb #2a4c04c0
 def _cut_at_stop(text: str, stop_strings: tuple[str, ...]) -> tuple[str, bool]:
-    """(text before the first stop string to be complete, True), or (text, False) if none is. The first to be
-    complete is the one that ends first; among those ending there, the one that starts first. A stop string that
-    began earlier but ends later never finished, so it does not count. Example: 'ab\\n\\nc' -> ('ab', True)"""
+    """(text before the first stop string to be complete, True), or (text, False) if none is: the one that ends
+    first, and of those the one that starts first. Example: 'ab\\n\\nc' -> ('ab', True)"""
     ends = [i + len(s) for s in stop_strings if (i := text.find(s)) >= 0]
     if not ends:
         return text, False
@@ -387,8 +385,9 @@ def _held_back(text: str, stop_strings: tuple[str, ...]) -> int:
     return max((k for s in stop_strings for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
 
 # %% ../nbs/09_sampling.ipynb #73159662
-def _stream_text(steps, tokenizer, stop_ids: set[int], stop_strings: tuple[str, ...]) -> Iterator[str]:
-    decoder = TextDecoder(tokenizer)
+def stream_text(steps, tokenizer, config: SamplingConfig) -> Iterator[str]:
+    "The text of `generate_steps`' tokens (one row) in whole characters, as they come, up to `config`'s stops."
+    decoder, stop_ids, stop_strings = TextDecoder(tokenizer), set(config.stop or ()), config.stop_strings or ()
     pending, stopped = "", False  # pending: decoded but not yet yielded, as it could begin a stop string
     for tok, _ in steps:
         t = int(tok[0])
@@ -434,4 +433,4 @@ def stream(
     idx = _encode_prompt(model, tokenizer, prompt)  # (1, T)
     _check_call(model, idx, config)
     steps = _token_loop(model, idx, config.max_new_tokens, config, generator)
-    return _stream_text(steps, tokenizer, set(config.stop or ()), config.stop_strings or ())
+    return stream_text(steps, tokenizer, config)

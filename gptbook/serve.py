@@ -18,11 +18,11 @@ from .adapters import optional
 from .chat import chat_ids, render
 from .checkpoint import load_checkpoint
 from .options import OptionError
-from .sample import SamplingConfig, _stream_text, generate_steps
+from .sample import SamplingConfig, generate_steps, stream_text
 
 # %% auto #0
-__all__ = ['API_NAMES', 'CHAT_HELP', 'SERVE_HELP', 'reply', 'fit_turns', 'chat_loop', 'RequestError', 'error_body',
-           'request_settings', 'response', 'Server', 'create_app', 'serve', 'add_commands']
+__all__ = ['API_NAMES', 'reply', 'fit_turns', 'chat_loop', 'RequestError', 'error_body', 'request_settings', 'response', 'Server',
+           'create_app', 'serve', 'add_commands']
 
 # %% ../nbs/A6_serve.ipynb #a6s09
 def reply(model, tokenizer, ids: list[int], config: SamplingConfig, generator=None, info: dict | None = None):
@@ -39,7 +39,7 @@ def reply(model, tokenizer, ids: list[int], config: SamplingConfig, generator=No
         info["finish"] = "length"  # the steps ran out: max_new_tokens drawn and no stop among them
 
     steps = counted(generate_steps(model, idx, config=config, generator=generator))
-    return _stream_text(steps, tokenizer, set(config.stop or ()), config.stop_strings or ())
+    return stream_text(steps, tokenizer, config)
 
 # %% ../nbs/A6_serve.ipynb #a6s13
 def fit_turns(messages: list[dict], tokenizer, budget: int) -> tuple[list[dict], list[int]]:
@@ -52,9 +52,8 @@ def fit_turns(messages: list[dict], tokenizer, budget: int) -> tuple[list[dict],
 
 # %% ../nbs/A6_serve.ipynb #a6s16
 def chat_loop(run, max_new_tokens=None, temperature=0.8, top_p=0.9, seed=None, device=None, read=input) -> None:
-    """Talk with the fine-tuned model of `run` in the terminal (`gptbook chat RUN`): each reply streams as it is
-    written; the oldest turns go when the history outgrows the context. Ctrl-C stops a reply; at the prompt,
-    Ctrl-C or Ctrl-D leaves. `read`: where the lines come from (`input`)."""
+    """Talk with the fine-tuned model of `run` in the terminal (`gptbook chat RUN`), reading lines with `read`.
+    Ctrl-C stops a reply; at the prompt, Ctrl-C or Ctrl-D leaves."""
     ck = load_checkpoint(run, device)
     model, tokenizer, context = ck.model, ck.tokenizer, ck.model.config.max_seq_len
     config = SamplingConfig(max_new_tokens or max(1, context // 4), temperature, top_p=top_p, stop=chat_ids(tokenizer))
@@ -266,11 +265,14 @@ def serve(run, host: str = "127.0.0.1", port: int = 8000, device=None) -> None:
 # %% ../nbs/A6_serve.ipynb #a6s40
 def add_commands(sub) -> None:
     "Add `gptbook chat RUN` and `gptbook serve RUN` to `sub`, the subparsers of the `gptbook` command."
-    c = sub.add_parser("chat", help="talk with a fine-tuned model in the terminal", description=CHAT_HELP)
-    s = sub.add_parser("serve", help="an OpenAI-compatible HTTP API and a chat page", description=SERVE_HELP)
-    for p in (c, s):
+    for name, text in [
+        ("chat", "talk with a fine-tuned model in the terminal; the oldest turns go when the context is full"),
+        ("serve", "serve a fine-tuned model: OpenAI's /v1/chat/completions, /v1/completions, /v1/models; a chat page"),
+    ]:
+        p = sub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
         p.add_argument("run", metavar="RUN", help="a fine-tuned run folder (gptbook sft) or a checkpoint folder")
         p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default: auto)")
+    c, s = sub.choices["chat"], sub.choices["serve"]
     c.add_argument("--max-new-tokens", type=int, metavar="N", help="longest reply (default: a quarter of the context)")
     c.add_argument("--temperature", type=float, default=0.8, metavar="X", help="0: greedy (default: 0.8)")
     c.add_argument("--top-p", type=float, default=0.9, metavar="X", help="nucleus sampling's p (default: 0.9)")
@@ -279,10 +281,4 @@ def add_commands(sub) -> None:
     s.add_argument("--port", type=int, default=8000, help="the port (default: 8000)")
     chat = lambda a: chat_loop(a.run, a.max_new_tokens, a.temperature, a.top_p, a.seed, a.device) or 0  # noqa: E731
     c.set_defaults(func=chat, flags={k: "--" + k.replace("_", "-") for k in ("max_new_tokens", "temperature", "top_p")})
-    s.set_defaults(func=lambda a: serve(a.run, a.host, a.port, a.device) or 0, flags={})
-
-
-CHAT_HELP = "Talk with a fine-tuned model: replies stream in; the oldest turns go when the context is full."
-SERVE_HELP = (
-    "Serve a fine-tuned model: OpenAI's /v1/chat/completions, /v1/completions and /v1/models, a chat page at /."
-)
+    s.set_defaults(func=lambda a: serve(a.run, a.host, a.port, a.device) or 0)
