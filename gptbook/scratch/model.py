@@ -21,20 +21,14 @@ from .positions import learned_positions, make_positions
 _FIELDS = (
     "vocab_size n_layers n_heads d_model n_kv_heads norm norm_position positions ffn tie_weights rope_base norm_eps"
 )
-_DEFAULTS = {"embed_scale": False}  # fields added later: a config written before them reads as their default
 
 
 def _config(config) -> SimpleNamespace:
     "The fields forward reads, from a GPTConfig or from the dict GPTConfig.to_dict() writes."
-    fields = {}
-    for name in (*_FIELDS.split(), *_DEFAULTS):
-        try:
-            fields[name] = config[name] if isinstance(config, dict) else getattr(config, name)
-        except (KeyError, AttributeError):
-            if name not in _DEFAULTS:
-                raise ValueError(f"config has no field {name!r}: pass a GPTConfig or its to_dict()") from None
-            fields[name] = _DEFAULTS[name]
-    return SimpleNamespace(**fields)
+    fields = config if isinstance(config, dict) else vars(config)
+    if missing := [name for name in _FIELDS.split() if name not in fields]:
+        raise ValueError(f"config has no field {missing[0]!r}: pass a GPTConfig or its to_dict()")
+    return SimpleNamespace(**{"embed_scale": False, **fields})  # a config written before embed_scale: off
 
 # %% ../../nbs/06_model.ipynb #6383b73f
 def forward(params: dict, idx, config) -> np.ndarray:
@@ -205,8 +199,7 @@ def _gpt2_config(config):
     if c.n_kv_heads not in (None, c.n_heads):
         other["n_kv_heads"] = c.n_kv_heads
     if other:
-        design = f"loss_and_grads supports GPT-2's design only, {_GPT2}"
-        raise ValueError(f"{design}; this config has {other}")
+        raise ValueError(f"loss_and_grads supports GPT-2's design only, {_GPT2}; this config has {other}")
     return c
 
 
