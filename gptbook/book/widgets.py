@@ -315,9 +315,7 @@ def attention_explorer(tokens: list, weights, query: int | None = None, title: s
     "Pick a layer and a head, then hover over or focus a token to see its row of `weights` (n_layers, n_heads, T, T)."
     weights, T = np.asarray(weights, dtype=np.float64), len(tokens)
     if weights.ndim != 4 or weights.shape[2:] != (T, T) or not weights.size:
-        raise ValueError(
-            f"weights must be (n_layers, n_heads, T, T), none 0, with T = len(tokens) = {T}, got {weights.shape}"
-        )
+        raise ValueError(f"weights must be (n_layers, n_heads, T = len(tokens) = {T}, T), none 0: got {weights.shape}")
     if not np.isfinite(weights).all():
         raise ValueError("weights must be finite: pass attention probabilities (softmax rows)")
     query = T - 1 if query is None else query
@@ -375,9 +373,7 @@ def rope_dial(q, k, theta, offset: int = 3, max_position: int = 200, position: i
     "Slide the key's position n (the query's: n + offset): pairs of q and k turn by theta_i, their score q.k does not."
     q, k, theta = (np.asarray(a, dtype=np.float64) for a in (q, k, theta))
     if theta.ndim != 1 or not theta.size or q.shape != (2 * theta.size,) or k.shape != q.shape:
-        raise ValueError(
-            f"q and k must have 2 * len(theta) features, len(theta) >= 1: got {q.shape}, {k.shape}, {theta.shape}"
-        )
+        raise ValueError(f"q, k must be (2 * len(theta),), len(theta) >= 1; got {q.shape}, {k.shape}, {theta.shape}")
     if not (np.isfinite(q).all() and np.isfinite(k).all() and np.isfinite(theta).all()):
         raise ValueError("q, k and theta must be finite")
     longest = max(np.hypot(q[0::2], q[1::2]).max(), np.hypot(k[0::2], k[1::2]).max())
