@@ -117,8 +117,7 @@ def _bpe_ids(text: str, vocab_size: int, cache: bool):
     ids = encode_to_array(tok, text)
     if cache:
         with contextlib.suppress(OSError):  # a read-only or full cache only costs the next run the training again
-            with atomic_write(stem.with_suffix(".json"), mode=None) as tmp:
-                tok.save(tmp)
+            tok.save(stem.with_suffix(".json"))  # atomically, as save always writes
             with atomic_write(stem.with_suffix(".npy"), "wb") as f:
                 np.save(f, ids)
     return tok, ids

@@ -251,8 +251,7 @@ def head_costs(model, batch, probe, period: int) -> list[dict]:
             mean = outputs[:, :, head].mean((0, 1))  # (head_dim,)
             for how, value in [("zero", 0.0), ("mean", mean)]:
                 with patch(model, {(layer, head): value}):
-                    m = _measure(model, batch, probe, period)
-                rows.append(dict(head=[layer, head], how=how, **m))
+                    rows.append(dict(head=[layer, head], how=how, **_measure(model, batch, probe, period)))
     return rows
 
 # %% ../nbs/14_inside.ipynb #causal04
@@ -281,8 +280,7 @@ def patch_heads(model, clean, corrupted, period: int) -> list[dict]:
                 ("zeroed on the second copy", clean, y * first),
                 ("patched into corrupted", corrupted, y),
             ]:
-                r = run(idx, {(layer, head): value})
-                rows.append(dict(head=[layer, head], how=how, **r))
+                rows.append(dict(head=[layer, head], how=how, **run(idx, {(layer, head): value})))
     return rows
 
 

@@ -226,8 +226,7 @@ def bpe_stepper(merges: dict, chunks: list, start: int | None = None, title: str
         button("prev", "\u25c0 previous change"),
         button("next", "next change \u25b6"),
     ]
-    figure = _bpe_figure(data, texts, start)
-    return widget("bpe", title, controls, figure, data, _asset("bpe.js"), _asset("bpe.css"))
+    return widget("bpe", title, controls, _bpe_figure(data, texts, start), data, _asset("bpe.js"), _asset("bpe.css"))
 
 # %% ../../nbs/A5_widgets.ipynb #255219c1
 #| code-fold: true

@@ -34,14 +34,12 @@ def linear(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndar
     return y if b is None else y + b
 
 
-_ACTIVATIONS = {"gelu": gelu, "gelu_tanh": gelu_tanh}
-
-
 def feed_forward(params: dict, x: np.ndarray, activation: str = "gelu_tanh") -> np.ndarray:
     "GPT-2's position-wise MLP on x (..., d_model), with the arrays of `FeedForward.state_dict()`."
-    if activation not in _ACTIVATIONS:
-        raise ValueError(f"activation={activation!r} is not one of {tuple(_ACTIVATIONS)}")
-    h = _ACTIVATIONS[activation](linear(x, param(params, "c_fc.weight"), params.get("c_fc.bias")))  # (..., d_ff)
+    if activation not in ("gelu", "gelu_tanh"):
+        raise ValueError(f"activation={activation!r} is not one of ('gelu', 'gelu_tanh')")
+    act = gelu if activation == "gelu" else gelu_tanh
+    h = act(linear(x, param(params, "c_fc.weight"), params.get("c_fc.bias")))  # (..., d_ff)
     return linear(h, param(params, "c_proj.weight"), params.get("c_proj.bias"))  # (..., d_model)
 
 # %% ../../nbs/05_blocks.ipynb #7c89a7ca

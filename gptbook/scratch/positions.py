@@ -42,9 +42,7 @@ def sinusoidal_table(max_seq_len: int, d_model: int, base: float = 10000.0) -> n
     p = np.arange(max_seq_len, dtype=np.float64)[:, None]  # (T, 1)
     omega = base ** (-np.arange(0, d_model, 2, dtype=np.float64) / d_model)  # (d_model/2,)
     angle = p * omega  # (T, d_model/2)
-    pe = np.empty((max_seq_len, d_model), dtype=np.float64)
-    pe[:, 0::2], pe[:, 1::2] = np.sin(angle), np.cos(angle)
-    return pe.astype(np.float32)
+    return np.stack([np.sin(angle), np.cos(angle)], axis=-1).reshape(max_seq_len, d_model).astype(np.float32)
 
 # %% ../../nbs/04_positions.ipynb #1a682363
 #| code-fold: true
@@ -62,10 +60,7 @@ def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     _check_rope_shapes(x, cos, sin)
     cos, sin = cos.astype(x.dtype), sin.astype(x.dtype)
     x1, x2 = x[..., 0::2], x[..., 1::2]  # (..., T, head_dim/2) each: the two members of every pair
-    out = np.empty_like(x)
-    out[..., 0::2] = x1 * cos - x2 * sin
-    out[..., 1::2] = x1 * sin + x2 * cos
-    return out
+    return np.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1).reshape(x.shape)  # pairs interleaved again
 
 # %% ../../nbs/04_positions.ipynb #15061fda
 #| code-fold: true
