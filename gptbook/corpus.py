@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import http.client
 import os
-import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -44,9 +43,8 @@ def download(url: str, dest, sha256: str | None = None, timeout=30.0) -> Path:
         # raised inside atomic_write: the temporary file is removed
         if sha256 is not None and h.hexdigest() != sha256:
             raise ChecksumError(
-                f"Downloaded {url} but its SHA-256 is {h.hexdigest()}, "
-                f"expected {sha256}. The file at the URL is not the expected "
-                f"one; nothing was written to {dest}."
+                f"Downloaded {url} but its SHA-256 is {h.hexdigest()}, expected {sha256}. The file at the URL is not "
+                f"the expected one; nothing was written to {dest}."
             )
     return dest
 
@@ -79,15 +77,12 @@ def _how_to_supply(cache_file: Path) -> str:
 
 # %% ../nbs/07_data.ipynb #3deaa6de
 #| code-fold: true
-def _unset_hint(where: str) -> str:
-    return " (or point GPTBOOK_DATA elsewhere, or unset it)" if "GPTBOOK_DATA" in where else ""
-
-
 def _verified(p: Path, sha256: str, verify: bool, where: str) -> Path:
     if verify and (digest := sha256_of(p)) != sha256:
+        unset = " (or point GPTBOOK_DATA elsewhere, or unset it)" if "GPTBOOK_DATA" in where else ""
         raise ChecksumError(
             f"{p} ({where}) has SHA-256 {digest}, but Tiny Shakespeare has {sha256}: it is a different or damaged "
-            f"file. For Tiny Shakespeare, replace it{_unset_hint(where)}; to train on this text, pass it as your own "
+            f"file. For Tiny Shakespeare, replace it{unset}; to train on this text, pass it as your own "
             f"data, `gptbook train --data {p}` or load_token_data(path=...), which read any UTF-8 text; "
             "or pass verify=False to use it as Tiny Shakespeare anyway."
         )
@@ -123,11 +118,7 @@ def tiny_shakespeare_path(
         )
     try:
         return download(url, cached, sha256=sha256)
-    except (
-        urllib.error.URLError,
-        http.client.HTTPException,
-        OSError,
-    ) as e:  # ChecksumError is a ValueError: it passes through
+    except (http.client.HTTPException, OSError) as e:  # URLError is an OSError; a ChecksumError passes through
         raise ConnectionError(f"Could not download Tiny Shakespeare from {url} ({e}). {_how_to_supply(cached)}") from e
 
 # %% ../nbs/07_data.ipynb #2ffbbcc3

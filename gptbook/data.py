@@ -99,9 +99,8 @@ class TokenData:
         return self.tokenizer.vocab_size
 
     def __repr__(self):
-        n_train, n_val = f"{len(self.train):,}", f"{len(self.val):,}"
-        sizes = f"train={n_train} tokens, val={n_val} tokens"
-        return f"TokenData({sizes}, tokenizer={self.tokenizer!r})"
+        n_train, n_val = len(self.train), len(self.val)
+        return f"TokenData(train={n_train:,} tokens, val={n_val:,} tokens, tokenizer={self.tokenizer!r})"
 
 # %% ../nbs/07_data.ipynb #37b525b9
 #| code-fold: true
@@ -118,8 +117,7 @@ def _bpe_ids(text: str, vocab_size: int, cache: bool):
     ids = encode_to_array(tok, text)
     if cache:
         with contextlib.suppress(OSError):  # a read-only or full cache only costs the next run the training again
-            with atomic_write(stem.with_suffix(".json"), mode=None) as tmp:
-                tok.save(tmp)
+            tok.save(stem.with_suffix(".json"))  # atomically, as save always writes
             with atomic_write(stem.with_suffix(".npy"), "wb") as f:
                 np.save(f, ids)
     return tok, ids
@@ -152,13 +150,12 @@ def load_token_data(
     text = tiny_shakespeare() if path is None else read_text(path)
     source = "Tiny Shakespeare" if path is None else Path(path).expanduser()
     if not text:
-        why = "there is no text to learn from; give a file with some text in it"
-        raise ValueError(f"{source} is empty: {why}")
+        raise ValueError(f"{source} is empty: there is no text to learn from; give a file with some text in it")
     parts = train_val_split(text, val_fraction)
     tok, train, val = _tokenize(tokenizer, *parts, vocab_size, cache)
     if not len(train) or not len(val):
-        n, kind = len(train) + len(val), tokenizer
-        kind = kind if isinstance(kind, str) else type(kind).__name__
-        msg = f"{source} gives only {n} token(s) with the {kind} tokenizer"
-        raise ValueError(msg + ": too short to train on")
+        kind = tokenizer if isinstance(tokenizer, str) else type(tokenizer).__name__
+        raise ValueError(
+            f"{source} gives only {len(train) + len(val)} token(s) with the {kind} tokenizer: too short to train on"
+        )
     return TokenData(train, val, tok)

@@ -41,8 +41,7 @@ def newton_schulz(G: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.T
 
 # %% ../nbs/15_faster.ipynb #f15muon06
 class Muon(torch.optim.Optimizer):
-    """Muon for the groups with `muon=True` (2-D weights): the Nesterov momentum, orthogonalized by `newton_schulz`,
-    scaled by sqrt(max(1, rows / cols)); AdamW for the other groups (embeddings, head, biases, gains)."""
+    "Muon (Nesterov momentum orthogonalized by `newton_schulz`) for groups with `muon=True`; AdamW for the others."
 
     def __init__(self, params, lr=0.02, momentum=0.95, weight_decay=0.0, betas=(0.9, 0.99), eps=1e-8, ns_steps=5):
         defaults = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, ns_steps=ns_steps, muon=True)

@@ -54,24 +54,21 @@ def record(model: nn.Module):
     "Inside the `with`, each forward pass of `model` appends to a Recording."
     if not isinstance(getattr(model, "blocks", None), nn.ModuleList):
         raise TypeError(f"record() needs a model with a `blocks` ModuleList (a GPT), got {type(model).__name__}")
-    rec = Recording()
+    rec, layers = Recording(), attention_layers(model)
+    n_heads = {a.c_proj: a.n_heads for a in layers}
 
     def save_weights(attn, args, kwargs, out):
         if kwargs.get("cache") is not None:
             raise ValueError("record() reads whole sequences: call the model without a KV cache inside it")
         rec.attn.append(attention_weights(attn, args[0], kwargs.get("rope")).detach())
 
-    def save_heads(n_heads):
-        def hook(proj, args, out):  # args: what the projection was given
-            rec.heads.append(args[0].unflatten(-1, (n_heads, -1)).detach())
+    def save_heads(proj, args, out):  # args: what the projection was given
+        rec.heads.append(args[0].unflatten(-1, (n_heads[proj], -1)).detach())
 
-        return hook
-
-    layers = attention_layers(model)
     handles = [model.blocks[0].register_forward_pre_hook(lambda m, args: rec.resid.append(args[0].detach()))]
     handles += [b.register_forward_hook(lambda m, args, out: rec.resid.append(out.detach())) for b in model.blocks]
     handles += [a.register_forward_hook(save_weights, with_kwargs=True) for a in layers]
-    handles += [a.c_proj.register_forward_hook(save_heads(a.n_heads)) for a in layers]
+    handles += [a.c_proj.register_forward_hook(save_heads) for a in layers]
     try:
         yield rec
     finally:
@@ -98,16 +95,15 @@ def patch(model: nn.Module, outputs: dict):
             )
         by_layer.setdefault(layer, {})[head] = value
 
-    def replace(hd, values):  # values: head -> anything broadcast to (B, T, hd)
-        def hook(proj, args):
-            y = args[0].clone()  # (B, T, d_model); head h: h * hd:(h + 1) * hd
-            for h, value in values.items():
-                y[..., h * hd : (h + 1) * hd] = value
-            return (y,)
+    by_proj = {layers[i].c_proj: (layers[i].head_dim, values) for i, values in by_layer.items()}
 
-        return hook
+    def replace(proj, args):
+        (hd, values), y = by_proj[proj], args[0].clone()  # y: (B, T, d_model); head h: h * hd:(h + 1) * hd
+        for h, value in values.items():  # value: anything broadcast to (B, T, hd)
+            y[..., h * hd : (h + 1) * hd] = value
+        return (y,)
 
-    handles = [layers[i].c_proj.register_forward_pre_hook(replace(layers[i].head_dim, v)) for i, v in by_layer.items()]
+    handles = [proj.register_forward_pre_hook(replace) for proj in by_proj]
     try:
         yield
     finally:
@@ -196,8 +192,7 @@ def _measure(model, eval_batch, probe, period) -> dict:
     return dict(
         repeated=loss[repeated].mean().item(),
         fresh=loss[~repeated].mean().item(),
-        # [layer][head]
-        previous=[previous_token_score(w).tolist() for w in probe_weights],
+        previous=[previous_token_score(w).tolist() for w in probe_weights],  # [layer][head]
         induction=[induction_score(w, period).tolist() for w in probe_weights],
     )
 
@@ -256,8 +251,7 @@ def head_costs(model, batch, probe, period: int) -> list[dict]:
             mean = outputs[:, :, head].mean((0, 1))  # (head_dim,)
             for how, value in [("zero", 0.0), ("mean", mean)]:
                 with patch(model, {(layer, head): value}):
-                    m = _measure(model, batch, probe, period)
-                rows.append(dict(head=[layer, head], how=how, **m))
+                    rows.append(dict(head=[layer, head], how=how, **_measure(model, batch, probe, period)))
     return rows
 
 # %% ../nbs/14_inside.ipynb #causal04
@@ -286,8 +280,7 @@ def patch_heads(model, clean, corrupted, period: int) -> list[dict]:
                 ("zeroed on the second copy", clean, y * first),
                 ("patched into corrupted", corrupted, y),
             ]:
-                r = run(idx, {(layer, head): value})
-                rows.append(dict(head=[layer, head], how=how, **r))
+                rows.append(dict(head=[layer, head], how=how, **run(idx, {(layer, head): value})))
     return rows
 
 

@@ -24,17 +24,12 @@ NOT_MEASURED = (
 )
 
 
-def _results_folder() -> Path | None:
-    "The bench/results folder of the checkout around the working directory (a chapter runs in nbs/); None if none."
-    return next((p / "bench" / "results" for p in (Path.cwd(), *Path.cwd().parents) if (p / "bench").is_dir()), None)
-
-
 def bench_result(name: str, folder=None) -> dict | None:
-    """The file `name` of bench/results, read from `folder`, else from this checkout, else (on Colab, which has only
-    the package) from the repository on GitHub; None when no benchmark has written it yet."""
-    folder = Path(folder) if folder is not None else _results_folder()
+    "The file `name` of bench/results, from `folder`, this checkout or (on Colab) GitHub; None if nothing wrote it."
+    if folder is None:  # the checkout around the working directory (a chapter runs in nbs/)
+        folder = next((p / "bench/results" for p in (Path.cwd(), *Path.cwd().parents) if (p / "bench").is_dir()), None)
     if folder is not None:
-        path = folder / name
+        path = Path(folder) / name
         return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
     try:
         with urllib.request.urlopen(BENCH_RESULTS_URL + name, timeout=30) as f:
@@ -51,12 +46,9 @@ def _ms_mib(r: dict) -> str:
 
 
 def _attention_lines(rows: list) -> list[str]:
-    lines = []
-    if rows and "d_k" in rows[0]:  # the shapes (recorded since bench/gpu.py measures the kernels too)
-        r = rows[0]
-        lines.append(f"batch {r['batch']}, {r['heads']} heads, d_k {r['d_k']}, {r['dtype']}, forward only")
-    lines.append("time per call and peak extra memory (on a GPU), manual and fused:")
-    return lines + [
+    s = rows[0]  # the shapes: the same in every row
+    shapes = f"batch {s['batch']}, {s['heads']} heads, d_k {s['d_k']}, {s['dtype']}, forward only"
+    return [shapes, "time per call and peak extra memory (on a GPU), manual and fused:"] + [
         f"T = {r['seq_len']:>5,}: manual {_ms_mib(r['manual'])}; fused {_ms_mib(r['fused'])}; "
         f"{r['speedup']:.1f}x faster"
         for r in rows
@@ -79,12 +71,13 @@ def _speed(name: str, r: dict | None) -> str:
 
 
 def _throughput_lines(t: dict, nanogpt: dict | None) -> list[str]:
-    lines = [
-        f"{t['params']:,} parameters, batches of {t['batch']} x {t['seq_len']:,} tokens, forward + backward + AdamW"
-    ]
-    lines += [_speed(f"gptbook, {mode}", t[mode]) for mode in ("eager", "compiled")]
-    lines += [_speed(f"nanoGPT's train.py, {mode}", nanogpt[mode]) for mode in ("eager", "compiled")] if nanogpt else []
-    return lines
+    size = f"{t['params']:,} parameters, batches of {t['batch']} x {t['seq_len']:,} tokens, forward + backward + AdamW"
+    runs = {"gptbook": t, "nanoGPT's train.py": nanogpt}
+    return [size] + [_speed(f"{who}, {m}", r[m]) for who, r in runs.items() if r for m in ("eager", "compiled")]
+
+
+def _wrap(text: str) -> list[str]:
+    return textwrap.wrap(text, 78, initial_indent="  ", subsequent_indent="  ")
 
 
 def _curve_lines(name: str, c: dict) -> list[str]:
@@ -92,7 +85,7 @@ def _curve_lines(name: str, c: dict) -> list[str]:
     wall = f"; whole run {c['wall_s']:.0f} s" if "wall_s" in c else ""
     lines = [name + ":", f"  best val loss {c['best_val_loss']:.4f} at step {best_step:,}{wall}"]
     curve = ", ".join(f"{it:,}:{val:.3f}" for it, val in c["val_curve"])
-    return lines + textwrap.wrap("val loss at step " + curve, 78, initial_indent="  ", subsequent_indent="  ")
+    return lines + _wrap("val loss at step " + curve)
 
 
 def _char_run_lines(c: dict, nanogpt: dict | None) -> list[str]:
@@ -102,24 +95,18 @@ def _char_run_lines(c: dict, nanogpt: dict | None) -> list[str]:
 
 
 def _gpt2_char_lines(c: dict) -> list[str]:
-    note = (
-        []
-        if c.get("complete", True)
-        else textwrap.wrap(f"({c['note']})", 78, initial_indent="  ", subsequent_indent="  ")
-    )
-    return _curve_lines("GPT-2 small on characters", c) + note
+    return _curve_lines("GPT-2 small on characters", c) + ([] if c.get("complete", True) else _wrap(f"({c['note']})"))
 
 
 SECTIONS = ("attention", "kernels", "throughput", "char_run", "gpt2_char")
 
 
 def gpu_figures(section: str, folder=None) -> str:
-    """What bench/gpu.py measured for `section` (one of `SECTIONS`), as lines of text headed by the machine, from
-    bench/results/gpu.json (see `bench_result`); or that it is not yet measured."""
+    "What bench/gpu.py measured for `section` (one of `SECTIONS`) in gpu.json (see `bench_result`), as text."
     if section not in SECTIONS:
         raise ValueError(f"section must be one of {', '.join(SECTIONS)}; got {section!r}")
     res = bench_result("gpu.json", folder)
-    if res is None or res.get(section) is None:
+    if not (res or {}).get(section):  # no file, or a run without this section
         return NOT_MEASURED
     m = res.get("machine", {})
     dry = ["a --dry-run: tiny sizes on a CPU, not the book's figures"] if m.get("dry_run") else []

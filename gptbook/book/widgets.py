@@ -112,9 +112,8 @@ def _slots(words: str, **values) -> str:
 
 
 def widget(name: str, title: str, controls: list, figure: str, data: dict, script: str, css: str = "") -> Widget:
-    """One widget: a title, labelled controls, the figure Python drew (the picture without JavaScript), the data as
-    inline JSON, and `script`: the JavaScript of a `function (root, data, ui)` returning `draw(values)`, which runs
-    at the start and after every change. `css` adds style rules, with `#ID` standing for the widget's id."""
+    """Title, controls, Python's figure, the data as JSON, and `script`: a JS `function (root, data, ui)` returning
+    `draw(values)` (run at the start and on every change); in `css`, `#ID` stands for the widget's id."""
     payload = _json_for_script(data)
     uid = f"gbw-{name}-" + hashlib.sha1("\0".join([title, payload, figure, script]).encode()).hexdigest()[:8]
     style = (_asset("shell.css") + css).replace("#ID", f"#{uid}").strip()
@@ -137,9 +136,7 @@ def _shown(text: str) -> str:
 
 
 def _bpe_steps(merges: dict, chunks: list) -> list:
-    """[n, ids] for every number of merges n at which the chunks' tokens change, from [0, their bytes] up: the ids
-    `apply_merges` gives with only the first n merges (`merges`: pair -> new id, learned in the order of the ids).
-    Merges apply in the order learned, so the ones that change anything are those inside the final tokens."""
+    "[n, the chunks' ids under the first n merges] for n = 0 and every n at which those ids change."
     order = sorted(merges.items(), key=lambda item: item[1])  # (pair, new id), in the order learned
     rank, parts = {i: r for r, (_, i) in enumerate(order)}, {i: pair for pair, i in merges.items()}
 
@@ -166,9 +163,8 @@ _HUES = range(0, 360, 15)  # the 24 hues of the BPE stepper's tokens
 
 
 def _token_hues(steps: list, merged: dict) -> dict:
-    """A hue per token id such that the tokens side by side at some step differ, and so do a merge's new token and
-    its two parts: each id, in the order the tokens first appear, takes the hue (of 24, 15 degrees apart) farthest
-    from its neighbours' hues so far; among equals, the one nearest the golden-angle sequence (137.5 degrees a step)."""
+    """A hue per id, in order of appearance: of `_HUES`, the farthest from its neighbours' (side by side at a step, or
+    a merge and its parts) hues so far; among equals, the nearest to the golden angle (137.5 degrees a step)."""
     pairs = {p for _, ids in steps for p in zip(ids, ids[1:])} | {(m[2], x) for m in merged.values() for x in m[:2]}
     near = {}
     for a, b in (p for p in pairs if p[0] != p[1]):
@@ -184,52 +180,37 @@ def _token_hues(steps: list, merged: dict) -> dict:
     return hues
 
 
-def _token_colour(hue: float) -> str:
-    "A translucent colour of `hue`, readable on a light or a dark page."
-    return f"hsla({hue:.0f},75%,55%,0.32)"
-
-
 def _token_span(i: int, text: str, hue: float, new: bool = False) -> str:
-    "Token `i` as a span coloured by `hue`, outlined if the latest merge made it."
-    cls = "gbw-tok gbw-new" if new else "gbw-tok"
-    return f'<span class="{cls}" data-id="{i}" style="background:{_token_colour(hue)}">{html.escape(text)}</span>'
-
-
-_BPE_WORDS = (
-    "{merges} of {n_merges} merges: {tokens} tokens for {n_bytes} bytes, {ratio} bytes per token. ",
-    "No merge has changed this sentence yet: every byte is a token.",
-    "The latest merge that changed it, number {number}: '{a}' + '{b}' \u2192 '{made}'.",
-)
-
-
-def _bpe_status(data: dict, texts: dict, start: int, ids: list, n: int) -> str:
-    "The status line after `start` merges, the latest change at `n`: of its two endings, the other one is hidden."
-    counts, none, latest = _BPE_WORDS
-    ratio, n_merges = _fixed(data["n_bytes"] / len(ids), 2), f"{data['n_merges']:,}"
-    line = _slots(counts, merges=f"{start:,}", n_merges=n_merges, tokens=len(ids), n_bytes=data["n_bytes"], ratio=ratio)
-    m = data["merge"].get(str(n))  # [a, b, new id]: the latest merge that changed the sentence, or None
-    a, b, made = (texts[i] for i in m) if m else ("", "", "")
-    latest = _slots(latest, number=f"{n:,}", a=a, b=b, made=made)
-    line += f'<span class="gbw-if-none"{" hidden" if m else ""}>{none}</span>'
-    return line + f'<span class="gbw-if-merge"{"" if m else " hidden"}>{latest}</span>'
+    "Token `i` as a span coloured by `hue`, outlined if the latest merge made it (`new`)."
+    cls, colour = "gbw-tok gbw-new" if new else "gbw-tok", f"hsla({hue:.0f},75%,55%,0.32)"  # light or dark page
+    return f'<span class="{cls}" data-id="{i}" style="background:{colour}">{html.escape(text)}</span>'
 
 
 def _bpe_figure(data: dict, texts: dict, start: int) -> str:
-    "The tokens after the first `start` merges, the status line, and the <template> with one span per token id."
-    n, ids = [s for s in data["steps"] if s[0] <= start][-1]
-    new, hues = data["merge"].get(str(n), [None])[-1], _token_hues(data["steps"], data["merge"])
-    tokens = "".join(_token_span(i, texts[i], hues[i], i == new) for i in ids)
+    "The tokens after `start` merges, the status line (one of its two endings hidden), a <template> of every token."
+    n, ids = [s for s in data["steps"] if s[0] <= start][-1]  # the latest change at n
+    m = data["merge"].get(str(n))  # [a, b, new id]: the latest merge that changed the sentence, or None
+    hues = _token_hues(data["steps"], data["merge"])
+    tokens = "".join(_token_span(i, texts[i], hues[i], m is not None and i == m[2]) for i in ids)
     protos = "".join(_token_span(i, t, hues[i]) for i, t in texts.items())
+    counts = "{merges} of {n_merges} merges: {tokens} tokens for {n_bytes} bytes, {ratio} bytes per token. "
+    ratio, n_merges = _fixed(data["n_bytes"] / len(ids), 2), f"{data['n_merges']:,}"
+    line = _slots(counts, merges=f"{start:,}", n_merges=n_merges, tokens=len(ids), n_bytes=data["n_bytes"], ratio=ratio)
+    none = "No merge has changed this sentence yet: every byte is a token."
+    latest = "The latest merge that changed it, number {number}: '{a}' + '{b}' \u2192 '{made}'."
+    a, b, made = (texts[i] for i in m) if m else ("", "", "")
+    latest = _slots(latest, number=f"{n:,}", a=a, b=b, made=made)
+    line += f'<span class="gbw-if-none"{" hidden" if m else ""}>{none}</span>'
+    line += f'<span class="gbw-if-merge"{"" if m else " hidden"}>{latest}</span>'
     return (
         f'<div class="gbw-tokens" data-ids="{",".join(map(str, ids))}">{tokens}</div>'
-        + _STATUS.format(_bpe_status(data, texts, start, ids, n))
+        + _STATUS.format(line)
         + f'<template class="gbw-protos">{protos}</template>'
     )
 
 
 def bpe_stepper(merges: dict, chunks: list, start: int | None = None, title: str = "BPE, one merge at a time"):
-    """A slider over the first n of `merges` (pair -> id, in the order learned) applied to `chunks` (the byte strings
-    of one pre-tokenized sentence): its tokens recolour as merges apply, and the compression so far is printed."""
+    "A slider over how many of `merges` apply to `chunks` (one pre-tokenized sentence's bytes): tokens and compression."
     chunks = [bytes(c) for c in chunks]
     if not any(chunks):
         raise ValueError("bpe_stepper: the chunks hold no bytes: pass [c.encode() for c in pretokenize(sentence)]")
@@ -245,20 +226,12 @@ def bpe_stepper(merges: dict, chunks: list, start: int | None = None, title: str
         button("prev", "\u25c0 previous change"),
         button("next", "next change \u25b6"),
     ]
-    figure = _bpe_figure(data, texts, start)
-    return widget("bpe", title, controls, figure, data, _asset("bpe.js"), _asset("bpe.css"))
+    return widget("bpe", title, controls, _bpe_figure(data, texts, start), data, _asset("bpe.js"), _asset("bpe.css"))
 
 # %% ../../nbs/A5_widgets.ipynb #255219c1
 #| code-fold: true
-def _softmax(z: np.ndarray) -> np.ndarray:
-    "Probabilities of logits `z` (last axis); -inf gives 0."
-    e = np.exp(z - z.max(-1, keepdims=True))
-    return e / e.sum(-1, keepdims=True)
-
-
 def _bar_rows(labels: list, probs, refs, kept, x0: int = 90, width: int = 250, row: int = 26) -> str:
-    """SVG rows: a label, the probability after the settings as a bar and the model's own as an outline, both to
-    the scale of the largest of them (it spans `width`), and the value."""
+    "SVG rows: a label, the probability after the settings (a bar), the model's own (an outline), the value."
     longest, out = max(max(probs), max(refs)), []
     for r, (label, p, ref, on) in enumerate(zip(labels, probs, refs, kept)):
         out.append(
@@ -277,8 +250,10 @@ def _sampling_figure(tokens: list, z: np.ndarray, rows: int, temperature: float,
 
     from gptbook.sample import filter_logits
 
-    f = filter_logits(torch.tensor(z, dtype=torch.float64), temperature, top_p=None if top_p == 1 else top_p)
-    order, probs, refs = np.argsort(-z, kind="stable"), f.softmax(-1).numpy(), _softmax(z)  # -inf sorts last
+    z = torch.tensor(z, dtype=torch.float64)
+    f = filter_logits(z, temperature, top_p=None if top_p == 1 else top_p)
+    order = np.argsort(-z.numpy(), kind="stable")  # -inf sorts last
+    probs, refs = f.softmax(-1).numpy(), z.softmax(-1).numpy()
     kept, shown = np.isfinite(f.numpy()), order[:rows]
     svg = f'<svg viewBox="0 0 420 {rows * 26 + 4}" role="img" aria-label="the most likely next tokens">'
     svg += _bar_rows([tokens[i] for i in shown], probs[shown], refs[shown], kept[shown]) + "</svg>"
@@ -291,15 +266,11 @@ def _sampling_figure(tokens: list, z: np.ndarray, rows: int, temperature: float,
 def sampling_lab(
     prompts: list, logits, tokens: list, rows: int = 12, title: str = "Sampling lab", temperature=0.8, top_p=0.9
 ) -> Widget:
-    """Sliders for temperature, top-k, top-p and min-p over the next-token `logits` (n_prompts, vocab_size) of
-    `prompts`: the kept set and its renormalised probabilities, computed in the page as `gptbook.sample` does.
-    It opens at `temperature` and `top_p` (the book's defaults; top_p 1 is off). A masked token (logit -inf)
-    stays removed; the data hold it as null, since JSON has no -inf."""
+    """Temperature, top-k, top-p and min-p over the next-token `logits` (n_prompts, vocab_size) of `prompts`, applied
+    in the page as `gptbook.sample` does; a masked token (-inf, null in the JSON) stays removed."""
     logits = np.asarray(logits, dtype=np.float64).round(5)  # what the page computes with (tests use the same)
     if not prompts or not tokens:
-        raise ValueError(
-            f"sampling_lab needs a prompt and a token, got {len(prompts)} prompts and {len(tokens)} tokens"
-        )
+        raise ValueError(f"sampling_lab needs a prompt and a token, got {len(prompts)} prompts, {len(tokens)} tokens")
     if logits.shape != (shape := (len(prompts), len(tokens))):
         raise ValueError(f"logits must be (len(prompts), len(tokens)) = {shape}, got {logits.shape}")
     if np.isnan(logits).any() or np.isposinf(logits).any() or not np.isfinite(logits).any(-1).all():
@@ -339,31 +310,11 @@ def _attention_spans(tokens: list, row: list, query: int) -> str:
     return "".join(spans)
 
 
-def _attention_figure(tokens: list, row: list, query: int) -> str:
-    "The spans and the status line for layer 0, head 0 and `query`, whose weights over keys 0..query are `row`."
-    best = row.index(max(row))
-    words = (
-        "Layer {layer}, head {head}: the token at position {query} ('{token}') puts {top} of its attention on "
-        "position {best} ('{best_token}'); its {count} weights sum to {sum}."
-    )
-    values = dict(layer=0, head=0, query=query, token=tokens[query], top=_fixed(row[best], 4), best=best)
-    values.update(best_token=tokens[best], count=query + 1, sum=_fixed(sum(row), 3))
-    status = _slots(words, **values)
-    return (
-        f'<div class="gbw-tokens" data-query="{query}" role="group" aria-label="tokens: hover or focus one '
-        f'(arrow keys move) to see where it attends">{_attention_spans(tokens, row, query)}</div>'
-        + _STATUS.format(status)
-    )
-
-
 def attention_explorer(tokens: list, weights, query: int | None = None, title: str = "Attention explorer"):
-    """Pick a layer and a head, then hover over or focus a token (arrow keys move) to see its attention row;
-    `weights` (n_layers, n_heads, T, T) are causal attention patterns whose rows sum to 1."""
+    "Pick a layer and a head, then hover over or focus a token to see its row of `weights` (n_layers, n_heads, T, T)."
     weights, T = np.asarray(weights, dtype=np.float64), len(tokens)
     if weights.ndim != 4 or weights.shape[2:] != (T, T) or not weights.size:
-        raise ValueError(
-            f"weights must be (n_layers, n_heads, T, T), none 0, with T = len(tokens) = {T}, got {weights.shape}"
-        )
+        raise ValueError(f"weights must be (n_layers, n_heads, T = len(tokens) = {T}, T), none 0: got {weights.shape}")
     if not np.isfinite(weights).all():
         raise ValueError("weights must be finite: pass attention probabilities (softmax rows)")
     query = T - 1 if query is None else query
@@ -375,7 +326,18 @@ def attention_explorer(tokens: list, weights, query: int | None = None, title: s
     row = [x / 1e4 for x in data["weights"][0][start : start + query + 1]]  # what the page shows: 4 decimals
     layers, heads = [(i, str(i)) for i in range(L)], [(i, str(i)) for i in range(H)]  # numbered from 0, as in Python
     controls = [choice("layer", "layer", layers), choice("head", "head", heads)]
-    figure = _attention_figure(tokens, row, query)
+    best = row.index(max(row))  # the status line, for layer 0, head 0 and `query`
+    words = (
+        "Layer {layer}, head {head}: the token at position {query} ('{token}') puts {top} of its attention on "
+        "position {best} ('{best_token}'); its {count} weights sum to {sum}."
+    )
+    values = dict(layer=0, head=0, query=query, token=tokens[query], top=_fixed(row[best], 4), best=best)
+    status = _slots(words, **values, best_token=tokens[best], count=query + 1, sum=_fixed(sum(row), 3))
+    figure = (
+        f'<div class="gbw-tokens" data-query="{query}" role="group" aria-label="tokens: hover or focus one '
+        f'(arrow keys move) to see where it attends">{_attention_spans(tokens, row, query)}</div>'
+        + _STATUS.format(status)
+    )
     return widget("attention", title, controls, figure, data, _asset("attention.js"), _asset("attention.css"))
 
 # %% ../../nbs/A5_widgets.ipynb #8140d0c4
@@ -390,9 +352,8 @@ def rope_score(q, k, theta, m: int, n: int) -> float:
 #| code-fold: true
 def _dial_svg(q, k, theta, m: int, n: int, scale: float, size: int = 150) -> str:
     "One small SVG per pair (they wrap): q's pair rotated by m * theta_i (solid) and k's by n * theta_i (dashed)."
-    out = ['<div class="gbw-dials">']
+    out, cx, cy, r = ['<div class="gbw-dials">'], size / 2, size / 2, size / 2 - 10
     for i in range(len(theta)):
-        cx, cy, r = size / 2, size / 2, size / 2 - 10
         lines = []
         for vec, pos, cls in ((q, m, "gbw-q"), (k, n, "gbw-k")):
             x, y, c, s = vec[2 * i], vec[2 * i + 1], np.cos(pos * theta[i]), np.sin(pos * theta[i])
@@ -408,13 +369,10 @@ def _dial_svg(q, k, theta, m: int, n: int, scale: float, size: int = 150) -> str
 
 
 def rope_dial(q, k, theta, offset: int = 3, max_position: int = 200, position: int = 0, title: str = "RoPE dial"):
-    """Slide the key's position n (the query sits at n + offset): each pair of q and k turns by theta_i per
-    position, and the score q.k stays the same while the offset is fixed."""
+    "Slide the key's position n (the query's: n + offset): pairs of q and k turn by theta_i, their score q.k does not."
     q, k, theta = (np.asarray(a, dtype=np.float64) for a in (q, k, theta))
     if theta.ndim != 1 or not theta.size or q.shape != (2 * theta.size,) or k.shape != q.shape:
-        raise ValueError(
-            f"q and k must have 2 * len(theta) features, len(theta) >= 1: got {q.shape}, {k.shape}, {theta.shape}"
-        )
+        raise ValueError(f"q, k must be (2 * len(theta),), len(theta) >= 1; got {q.shape}, {k.shape}, {theta.shape}")
     if not (np.isfinite(q).all() and np.isfinite(k).all() and np.isfinite(theta).all()):
         raise ValueError("q, k and theta must be finite")
     longest = max(np.hypot(q[0::2], q[1::2]).max(), np.hypot(k[0::2], k[1::2]).max())

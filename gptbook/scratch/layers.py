@@ -34,14 +34,12 @@ def linear(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndar
     return y if b is None else y + b
 
 
-_ACTIVATIONS = {"gelu": gelu, "gelu_tanh": gelu_tanh}
-
-
 def feed_forward(params: dict, x: np.ndarray, activation: str = "gelu_tanh") -> np.ndarray:
     "GPT-2's position-wise MLP on x (..., d_model), with the arrays of `FeedForward.state_dict()`."
-    if activation not in _ACTIVATIONS:
-        raise ValueError(f"activation={activation!r} is not one of {tuple(_ACTIVATIONS)}")
-    h = _ACTIVATIONS[activation](linear(x, param(params, "c_fc.weight"), params.get("c_fc.bias")))  # (..., d_ff)
+    if activation not in ("gelu", "gelu_tanh"):
+        raise ValueError(f"activation={activation!r} is not one of ('gelu', 'gelu_tanh')")
+    act = gelu if activation == "gelu" else gelu_tanh
+    h = act(linear(x, param(params, "c_fc.weight"), params.get("c_fc.bias")))  # (..., d_ff)
     return linear(h, param(params, "c_proj.weight"), params.get("c_proj.bias"))  # (..., d_model)
 
 # %% ../../nbs/05_blocks.ipynb #7c89a7ca
@@ -75,44 +73,24 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float = 1e-5) -> np.ndarray
 # %% ../../nbs/05_blocks.ipynb #ee67098a
 #| code-fold: true
 #| code-summary: "make_norm and make_ffn in NumPy: the function a sublayer computes, by name"
-_NORMS = {  # (params, eps, x) -> the norm of x
-    "layernorm": lambda params, eps, x: layer_norm(x, param(params, "weight"), params.get("bias"), eps),
-    "rmsnorm": lambda params, eps, x: rms_norm(x, param(params, "weight"), eps),
-}
-_FFNS = {
-    "gelu": functools.partial(feed_forward, activation="gelu"),
-    "gelu_tanh": functools.partial(feed_forward, activation="gelu_tanh"),
-    "swiglu": swiglu,
-}
-
-
 def make_norm(params: dict, norm: str, eps: float = 1e-5):
     "NumPy twin of `gptbook.layers.make_norm`: the function x -> norm(x), with the arrays of the norm's state_dict."
-    if norm not in _NORMS:
-        raise ValueError(f"norm={norm!r} is not one of {tuple(_NORMS)}")
-    return functools.partial(_NORMS[norm], params, eps)
+    if norm == "layernorm":
+        return lambda x: layer_norm(x, param(params, "weight"), params.get("bias"), eps)
+    if norm == "rmsnorm":
+        return lambda x: rms_norm(x, param(params, "weight"), eps)
+    raise ValueError(f"norm={norm!r} is not one of ('layernorm', 'rmsnorm')")
 
 
 def make_ffn(params: dict, ffn: str):
     "NumPy twin of `gptbook.layers.make_ffn`: the function x -> FFN(x), with the arrays of the FFN's state_dict."
-    if ffn not in _FFNS:
-        raise ValueError(f"ffn={ffn!r} is not one of {tuple(_FFNS)}")
-    return functools.partial(_FFNS[ffn], params)
+    if ffn in ("gelu", "gelu_tanh"):
+        return functools.partial(feed_forward, params, activation=ffn)
+    if ffn == "swiglu":
+        return functools.partial(swiglu, params)
+    raise ValueError(f"ffn={ffn!r} is not one of ('gelu', 'gelu_tanh', 'swiglu')")
 
 # %% ../../nbs/05_blocks.ipynb #d50ea5f1
-def _pre_norm(x, attn, mlp, ln_1, ln_2):  # the stream x is only ever added to
-    x = x + attn(ln_1(x))
-    return x + mlp(ln_2(x))
-
-
-def _post_norm(x, attn, mlp, ln_1, ln_2):  # normalize each sum
-    x = ln_1(x + attn(x))
-    return ln_2(x + mlp(x))
-
-
-_NORM_POSITIONS = {"pre": _pre_norm, "post": _post_norm}
-
-
 def block(
     params: dict,
     x: np.ndarray,
@@ -132,6 +110,10 @@ def block(
     def attn(h):
         return multi_head_attention(params_of(params, "attn"), h, n_heads, n_kv_heads, rope)
 
-    if norm_position not in _NORM_POSITIONS:
-        raise ValueError(f"norm_position={norm_position!r} is not one of {tuple(_NORM_POSITIONS)}")
-    return _NORM_POSITIONS[norm_position](x, attn, mlp, ln_1, ln_2)  # (B, T, d_model)
+    if norm_position == "pre":  # the stream x is only ever added to
+        x = x + attn(ln_1(x))  # (B, T, d_model)
+        return x + mlp(ln_2(x))
+    if norm_position == "post":  # normalize each sum
+        x = ln_1(x + attn(x))
+        return ln_2(x + mlp(x))
+    raise ValueError(f"norm_position={norm_position!r} is not one of ('pre', 'post')")

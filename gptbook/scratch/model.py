@@ -21,20 +21,14 @@ from .positions import learned_positions, make_positions
 _FIELDS = (
     "vocab_size n_layers n_heads d_model n_kv_heads norm norm_position positions ffn tie_weights rope_base norm_eps"
 )
-_DEFAULTS = {"embed_scale": False}  # fields added later: a config written before them reads as their default
 
 
 def _config(config) -> SimpleNamespace:
     "The fields forward reads, from a GPTConfig or from the dict GPTConfig.to_dict() writes."
-    fields = {}
-    for name in (*_FIELDS.split(), *_DEFAULTS):
-        try:
-            fields[name] = config[name] if isinstance(config, dict) else getattr(config, name)
-        except (KeyError, AttributeError):
-            if name not in _DEFAULTS:
-                raise ValueError(f"config has no field {name!r}: pass a GPTConfig or its to_dict()") from None
-            fields[name] = _DEFAULTS[name]
-    return SimpleNamespace(**fields)
+    fields = config if isinstance(config, dict) else vars(config)
+    if missing := [name for name in _FIELDS.split() if name not in fields]:
+        raise ValueError(f"config has no field {missing[0]!r}: pass a GPTConfig or its to_dict()")
+    return SimpleNamespace(**{"embed_scale": False, **fields})  # a config written before embed_scale: off
 
 # %% ../../nbs/06_model.ipynb #6383b73f
 def forward(params: dict, idx, config) -> np.ndarray:
@@ -106,8 +100,7 @@ def attention_forward(p, x, n_heads):
     B, T, C = x.shape
     hs = C // n_heads  # head size
     qkv, c_attn = linear_forward(x, p["c_attn.weight"], p.get("c_attn.bias"))
-    qkv = qkv.reshape(B, T, 3, n_heads, hs).transpose(2, 0, 3, 1, 4)
-    q, k, v = qkv  # (B, n_heads, T, hs) each
+    q, k, v = qkv.reshape(B, T, 3, n_heads, hs).transpose(2, 0, 3, 1, 4)  # (B, n_heads, T, hs) each
     s = q @ k.swapaxes(-1, -2) / math.sqrt(hs)  # (B, n_heads, T, T)
     a = softmax(np.where(causal_mask(T), s, -np.inf))  # (B, n_heads, T, T)
     y = (a @ v).transpose(0, 2, 1, 3).reshape(B, T, C)  # heads side by side
@@ -126,8 +119,7 @@ def attention_backward(dout, cache):
     ds = a * (da - (da * a).sum(-1, keepdims=True))  # softmax; 0 where masked
     dq = ds @ k / math.sqrt(hs)  # (B, n_heads, T, hs)
     dk = ds.swapaxes(-1, -2) @ q / math.sqrt(hs)  # (B, n_heads, T, hs)
-    dqkv = np.stack([dq, dk, dv])  # (3, B, n_heads, T, hs)
-    dqkv = dqkv.transpose(1, 3, 0, 2, 4).reshape(B, T, -1)  # (B, T, 3C)
+    dqkv = np.stack([dq, dk, dv]).transpose(1, 3, 0, 2, 4).reshape(B, T, -1)  # (3, B, nh, T, hs) -> (B, T, 3C)
     dx, g_attn = linear_backward(dqkv, c_attn)
     return dx, _named({"c_attn": g_attn, "c_proj": g_proj})
 
@@ -143,8 +135,7 @@ def gelu_tanh_backward(dy, x):
 def mlp_forward(p, x):
     "GPT-2's MLP on x (B, T, C): c_fc, gelu_tanh, c_proj; p: `mlp`'s arrays."
     h, c_fc = linear_forward(x, p["c_fc.weight"], p.get("c_fc.bias"))  # 4C
-    w, b = p["c_proj.weight"], p.get("c_proj.bias")
-    out, c_proj = linear_forward(gelu_tanh(h), w, b)  # (B, T, C)
+    out, c_proj = linear_forward(gelu_tanh(h), p["c_proj.weight"], p.get("c_proj.bias"))  # (B, T, C)
     return out, (h, c_fc, c_proj)
 
 
@@ -205,8 +196,7 @@ def _gpt2_config(config):
     if c.n_kv_heads not in (None, c.n_heads):
         other["n_kv_heads"] = c.n_kv_heads
     if other:
-        design = f"loss_and_grads supports GPT-2's design only, {_GPT2}"
-        raise ValueError(f"{design}; this config has {other}")
+        raise ValueError(f"loss_and_grads supports GPT-2's design only, {_GPT2}; this config has {other}")
     return c
 
 
@@ -218,11 +208,9 @@ def loss_and_grads(params, idx, targets, config):
     x = embed(wte, idx) + learned_positions(wpe, idx.shape[1])  # (B, T, C)
     blocks = []  # each block's cache
     for i in range(c.n_layers):
-        p = params_of(params, f"blocks.{i}")
-        x, cache = block_forward(p, x, c.n_heads, c.norm_eps)
+        x, cache = block_forward(params_of(params, f"blocks.{i}"), x, c.n_heads, c.norm_eps)
         blocks.append(cache)
-    w, b = params["ln_f.weight"], params.get("ln_f.bias")
-    x, ln_f = layer_norm_forward(x, w, b, c.norm_eps)
+    x, ln_f = layer_norm_forward(x, params["ln_f.weight"], params.get("ln_f.bias"), c.norm_eps)
     head = wte if c.tie_weights else params["lm_head.weight"]  # (V, C)
     logits, lm_head = linear_forward(x, head)  # (B, T, V)
     loss, dlogits = cross_entropy(logits, targets)

@@ -6,8 +6,6 @@
 __all__ = ['learned_positions', 'sinusoidal_table', 'rope_angles', 'apply_rope', 'apply_rope_halves', 'rope_halves_to_interleaved', 'make_positions']
 
 # %% ../../nbs/scratch/00_positions.ipynb #eaaf7ec2
-import functools
-
 import numpy as np
 
 from .embedding import param
@@ -44,9 +42,7 @@ def sinusoidal_table(max_seq_len: int, d_model: int, base: float = 10000.0) -> n
     p = np.arange(max_seq_len, dtype=np.float64)[:, None]  # (T, 1)
     omega = base ** (-np.arange(0, d_model, 2, dtype=np.float64) / d_model)  # (d_model/2,)
     angle = p * omega  # (T, d_model/2)
-    pe = np.empty((max_seq_len, d_model), dtype=np.float64)
-    pe[:, 0::2], pe[:, 1::2] = np.sin(angle), np.cos(angle)
-    return pe.astype(np.float32)
+    return np.stack([np.sin(angle), np.cos(angle)], axis=-1).reshape(max_seq_len, d_model).astype(np.float32)
 
 # %% ../../nbs/04_positions.ipynb #1a682363
 #| code-fold: true
@@ -64,10 +60,7 @@ def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     _check_rope_shapes(x, cos, sin)
     cos, sin = cos.astype(x.dtype), sin.astype(x.dtype)
     x1, x2 = x[..., 0::2], x[..., 1::2]  # (..., T, head_dim/2) each: the two members of every pair
-    out = np.empty_like(x)
-    out[..., 0::2] = x1 * cos - x2 * sin
-    out[..., 1::2] = x1 * sin + x2 * cos
-    return out
+    return np.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1).reshape(x.shape)  # pairs interleaved again
 
 # %% ../../nbs/04_positions.ipynb #15061fda
 #| code-fold: true
@@ -87,29 +80,21 @@ def rope_halves_to_interleaved(head_dim: int) -> np.ndarray:
 
 # %% ../../nbs/04_positions.ipynb #22aded5c
 #| code-fold: true
-def _learned(params, config, x, start=0):
-    return x + learned_positions(param(params, "weight"), x.shape[-2], start), None  # (..., T, d_model)
-
-
-def _sinusoidal(params, config, x, start=0):
-    T, d_model = x.shape[-2:]
-    return x + sinusoidal_table(start + T, d_model)[start:].astype(x.dtype), None  # (..., T, d_model)
-
-
-def _rotary(params, config, x, start=0):
-    cos, sin = rope_angles(start + x.shape[-2], config.d_model // config.n_heads, config.rope_base)  # float32
-    return x, (cos[start:].astype(x.dtype), sin[start:].astype(x.dtype))  # each (T, head_dim / 2)
-
-
-def _none(params, config, x, start=0):
-    return x, None
-
-
-_POSITIONS = {"learned": _learned, "sinusoidal": _sinusoidal, "rope": _rotary, "none": _none}
-
-
 def make_positions(params: dict, config):
     "NumPy twin of `gptbook.positions.make_positions`: a function (x, start=0) -> (x with positions, RoPE or None)."
-    if config.positions not in _POSITIONS:
-        raise ValueError(f"positions={config.positions!r} is not one of {tuple(_POSITIONS)}")
-    return functools.partial(_POSITIONS[config.positions], params, config)
+    kind = config.positions
+    if kind not in ("learned", "sinusoidal", "rope", "none"):
+        raise ValueError(f"positions={kind!r} is not one of ('learned', 'sinusoidal', 'rope', 'none')")
+
+    def positions(x, start=0):
+        T, d_model = x.shape[-2:]
+        if kind == "learned":
+            return x + learned_positions(param(params, "weight"), T, start), None  # (..., T, d_model)
+        if kind == "sinusoidal":
+            return x + sinusoidal_table(start + T, d_model)[start:].astype(x.dtype), None  # (..., T, d_model)
+        if kind == "rope":
+            cos, sin = rope_angles(start + T, config.d_model // config.n_heads, config.rope_base)  # float32
+            return x, (cos[start:].astype(x.dtype), sin[start:].astype(x.dtype))  # each (T, head_dim / 2)
+        return x, None
+
+    return positions
