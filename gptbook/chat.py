@@ -224,12 +224,12 @@ def sft_config(**options) -> dict:
 # %% ../nbs/16_assistant.ipynb #c16meas02
 #| code-fold: true
 @torch.no_grad()
-def complete(model, prompts, max_new_tokens: int, stop: int | None = None, batch_size: int = 64, **sampling):
+def complete(model, prompts, max_new_tokens: int, stop=None, batch_size: int = 64, generator=None, **sampling):
     "The new ids of each prompt (lists of ids), to `stop` (left out) or `max_new_tokens`; greedy by default."
     config, out = SamplingConfig(max_new_tokens, **({"temperature": 0.0} | sampling), stop=stop), []
     for b in range(0, len(prompts), batch_size):
         idx, mask = pad_prompts(prompts[b : b + batch_size], device=next(model.parameters()).device)  # (B, T) each
-        new = generate(model, idx, config=config, attention_mask=mask)[:, idx.size(1) :].tolist()
+        new = generate(model, idx, config=config, generator=generator, attention_mask=mask)[:, idx.size(1) :].tolist()
         out += [row[: row.index(stop)] if stop in row else row for row in new]
     return out
 
