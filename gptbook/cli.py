@@ -129,13 +129,13 @@ def given(args, cls) -> dict:
     return {k: None if k in unset else tuple(v) if isinstance(v, list) else v for k, v in values.items()}
 
 # %% ../nbs/A4_cli.ipynb #579376a5
-def _add_train_args(p: argparse.ArgumentParser, preset: str | None = None, sft: bool = False) -> dict[str, str]:
-    "All flags of `gptbook train` (or `sft`: its defaults), the model's those of `preset`; returns {field: flag}."
-    from gptbook.chat import sft_config
+def _add_train_args(p: argparse.ArgumentParser, preset: str | None = None, command: str = "train") -> dict[str, str]:
+    "All flags of `gptbook train` (`sft`, `rl`: with their defaults), the model's those of `preset`; {field: flag}."
     from gptbook.train import TrainConfig  # only `gptbook train` loads the trainer
 
     preset = preset if preset in PRESETS else TrainConfig.preset  # a bad name: argparse names it, below
-    defaults = TrainConfig.from_dict(sft_config()) if sft else TrainConfig.from_preset(preset)
+    tuned = _tuned(command)
+    defaults = TrainConfig.from_dict(tuned()) if tuned else TrainConfig.from_preset(preset)
     flags = add_options(p, TrainConfig, "training (TrainConfig)", defaults.to_dict())
     shown = {**GPTConfig.from_preset(preset, 1).to_dict(), "vocab_size": "the tokenizer's size"}
     model_flags = add_options(p, GPTConfig, f"model (GPTConfig: the {preset} preset unless given)", shown)
@@ -149,14 +149,13 @@ def _add_train_args(p: argparse.ArgumentParser, preset: str | None = None, sft: 
 # %% ../nbs/A4_cli.ipynb #02a2ea8f
 def config_from_args(args):
     "The TrainConfig that `gptbook train`'s flags describe (model flags in `model_overrides`)."
-    from gptbook.chat import sft_config
     from gptbook.runs import FIXED_BY_WEIGHTS, FIXED_ON_RESUME, load_run_config
     from gptbook.train import TrainConfig
 
     train_given, model_given = given(args, TrainConfig), given(args, GPTConfig)
-    sft = args.command == "sft"
-    if sft and not args.resume and not (train_given.get("init_from") and train_given.get("task")):
-        raise ValueError("gptbook sft fine-tunes a model on a task: give --init-from RUN and --task NAME")
+    tuned = _tuned(args.command)
+    if tuned and not args.resume and not (train_given.get("init_from") and train_given.get("task")):
+        raise ValueError(f"gptbook {args.command} trains a model on a task: give --init-from RUN and --task NAME")
     if args.resume:
         if fixed := [k for k in train_given if k in FIXED_ON_RESUME] + [*model_given] + ["config"] * bool(args.config):
             drop = ", ".join(args.flags[k] for k in fixed)
@@ -171,7 +170,15 @@ def config_from_args(args):
     overrides = {**(saved["model_config"] or saved["train_config"].get("model_overrides", {})), **model_given}
     preset = train_given.get("preset", saved["train_config"].get("preset", TrainConfig.preset))
     fields = {**saved["train_config"], **train_given, "model_overrides": overrides}
-    return TrainConfig.from_dict(sft_config(**fields)) if sft else TrainConfig.from_preset(preset, **fields)
+    return TrainConfig.from_dict(tuned(**fields)) if tuned else TrainConfig.from_preset(preset, **fields)
+
+
+def _tuned(command: str):
+    "What an `sft` or `rl` run's TrainConfig fields start from (a function of the fields given); None for `train`."
+    from gptbook.chat import sft_config
+    from gptbook.reward import rl_config
+
+    return {"sft": sft_config, "rl": rl_config}.get(command)
 
 # %% ../nbs/A4_cli.ipynb #c632cc04
 def _print_sample(model, tokenizer, n: int, seed: int):
@@ -352,13 +359,14 @@ def build_parser(command: str | None = None, preset: str | None = None) -> argpa
     )
     p.add_argument("--version", action="version", version=f"gptbook {gptbook.__version__}")
     p.set_defaults(flags={})  # {field: flag} for the config fields a command has, which its errors name
-    sub = p.add_subparsers(dest="command", metavar="{train,sft,sample,eval,tokenizer,chat,serve}")
+    sub = p.add_subparsers(dest="command", metavar="{train,sft,rl,sample,eval,tokenizer,chat,serve}")
     for name, text in [
         ("train", "train a GPT; no arguments: the CPU baby model on Tiny Shakespeare's characters, into out/"),
         ("sft", "fine-tune --init-from's model on --task's conversations; --lora-rank R: low-rank adapters only"),
+        ("rl", "improve --init-from's chat model on --task by reinforcement learning, rewarding right answers"),
     ]:
         t = sub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
-        t.set_defaults(func=_train, flags=_add_train_args(t, preset, name == "sft") if command in (None, name) else {})
+        t.set_defaults(func=_train, flags=_add_train_args(t, preset, name) if command in (None, name) else {})
     s = sub.add_parser(
         "sample",
         help="generate text from a trained model",

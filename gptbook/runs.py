@@ -33,6 +33,7 @@ except ImportError:  # Windows: runs are not locked
 from .checkpoint import REPLACING, STATE, checkpoint_dirs, is_checkpoint_dir, list_checkpoints, load_checkpoint
 from .checkpoint import read_state
 from .chat import chat_data
+from .reward import rl_data
 from .config import GPTConfig
 from .corpus import TINY_SHAKESPEARE_SHA256, tiny_shakespeare_path
 from .data import TokenData, load_token_data
@@ -146,9 +147,11 @@ class Progress:
             "machine": machine(t.device),  # what the timings were measured on
         }
         record["elapsed_s"] = time.perf_counter() - self.start
+        record |= t.data.stats() if hasattr(t.data, "stats") else {}  # chapter 17: the rollouts' reward, KL, ...
         if t.is_main:
             msg = f"step {t.step}: train loss {record['train_loss']:.4f}, val loss {record['val_loss']:.4f}"
             msg += f", {record['tokens_per_sec']:,.0f} tokens/s, {record['ms_per_iter']:.1f} ms/step" if n else ""
+            msg += "".join(f", {k.replace('_', ' ')} {record[k]:.3f}" for k in ("reward", "kl") if k in record)
             self.bar.write(msg) if not self.bar.disable else print(msg, flush=True)
         self.t0, self.seconds, self.grad_norms = time.perf_counter(), 0.0, []
         return record
@@ -400,7 +403,7 @@ def check_same_data(data_file: Path, state: dict) -> None:
 def run_data(cfg, state: dict | None, tokenizer) -> tuple[TokenData, str]:
     "The tokenized text of the run `cfg` (a TrainConfig), and its file's SHA-256 (checked on resume)."
     if cfg.task:  # chapter 16: the task's conversations, made anew from its fixed items
-        return chat_data(cfg.task, tokenizer), None
+        return (rl_data if cfg.group_size else chat_data)(cfg.task, tokenizer), None
     data_file = Path(cfg.data_path) if cfg.data_path else None
     if state is not None and state.get("data_sha256"):
         check_same_data(data_file or tiny_shakespeare_path(), state)

@@ -24,6 +24,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import gptbook
 from .chat import TASKS, add_lora, chat_ids, chat_ready, sft_config
+from .reward import rl_config
 from .checkpoint import checkpoint_tokenizer, load_training_state, load_weights, read_state, save_checkpoint
 from .config import GPTConfig
 from .data import TokenData, get_batch
@@ -36,7 +37,8 @@ from .runs import load_run_config
 from .runs import Progress, pick_threads, start_run, summary, tensorboard_writer, to_tensorboard, trim_metrics
 
 # %% auto #0
-__all__ = ['lr_at', 'param_groups', 'make_optimizer', 'TrainConfig', 'Ranks', 'Trainer', 'init_distributed', 'train', 'train_sft']
+__all__ = ['lr_at', 'param_groups', 'make_optimizer', 'TrainConfig', 'Ranks', 'Trainer', 'init_distributed', 'train', 'train_sft',
+           'train_rl']
 
 # %% ../nbs/08_training.ipynb #d3808619
 def lr_at(it: int, max_lr: float, warmup_iters: int, max_iters: int, min_lr: float) -> float:
@@ -120,6 +122,7 @@ class TrainConfig(Options):
     lora_rank: int = option(0, "train low-rank adapters of this rank, the model frozen (0: train it all)", min=0)
     lora_alpha: float = option(16.0, "the adapters' scale is lora_alpha / lora_rank", min=0, min_open=True)
     lora_dropout: float = option(0.0, "dropout on the adapters' input", min=0, max=1, max_open=True)
+    group_size: int = option(0, "answers sampled per question: above 0, RL on --task (chapter 17)", min=0)
 
     def check(self) -> None:
         "`model_overrides` may name only `GPTConfig` fields; `init_from`'s weights fix the preset and the tokenizer."
@@ -208,11 +211,11 @@ class Trainer:
             group["lr"] = lr * group.get("lr_scale", 1.0)  # Muon's matrices: muon_lr / lr times the schedule
         loss_sum = torch.zeros((), device=self.device)
         for micro in range(cfg.grad_accum):
-            x, y = self.batch("train")  # (B, T) each
+            x, y = self.data.rollout(self) if hasattr(self.data, "rollout") else self.batch("train")  # (B, T) each
             last = micro == cfg.grad_accum - 1
             with nullcontext() if last or self.world_size == 1 else self.ddp_model.no_sync():  # average once
                 with autocast(self.device, self.dtype):
-                    loss = lm_loss(self.ddp_model(x), y) / cfg.grad_accum  # a share of the mean over the batch
+                    loss = getattr(self.data, "loss", lm_loss)(self.ddp_model(x), y) / cfg.grad_accum  # a share
                 loss.backward()
             loss_sum += loss.detach()
         loss = _mean(loss_sum, self.world_size)  # every process sees the same number
@@ -363,6 +366,10 @@ def _trainer(cfg, model_config, state, data, ranks: Ranks) -> Trainer:
         rows = chat_ids(data.tokenizer) if cfg.task else ()
         add_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, rows=rows)
     trainer = Trainer(model, data, cfg, ranks)
+    if cfg.group_size:  # chapter 17: the model RL starts from, kept for the KL
+        reference = _new_model(model_config, cfg.seed, ranks.rank)
+        reference.load_state_dict(weights if weights is not None else _configs(cfg, None, None)[3])
+        data.reference = reference.to(trainer.device).eval().requires_grad_(False)
     trainer.meta["data_sha256"] = data_sha256
     if state is not None:
         trainer.load(state)
@@ -411,3 +418,8 @@ def train_sft(*, resume=False, overwrite=False, **options) -> Trainer:
     `resume=True` continues the run in `out_dir` with its saved config, changed by `options`."""
     start = load_run_config(options.get("out_dir", "out"))["train_config"] if resume else sft_config(**options)
     return train(TrainConfig.from_dict({**start, **options}), resume=resume, overwrite=overwrite)
+
+
+def train_rl(*, resume=False, overwrite=False, **options) -> Trainer:
+    "Improve the chat model of `init_from` on a `task` by RL (chapter 17): `train_sft` with `RL`'s settings."
+    return train_sft(resume=resume, overwrite=overwrite, **(options if resume else rl_config(**options)))

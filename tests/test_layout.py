@@ -254,9 +254,11 @@ ALLOWED_IMPORTS = {
         "files",
         "model",
         "options",
+        "reward",
         "tokenizer",
     },
-    "train": {"chat", "checkpoint", "config", "data", "faster", "model", "options", "runs"},
+    "train": {"chat", "checkpoint", "config", "data", "faster", "model", "options", "reward", "runs"},
+    "reward": {"chat", "model"},  # chapter 17: RL on chapter 16's tasks; train and runs use it
     "chat": {"corpus", "files", "sample", "tokenizer"},  # chapter 16: tasks, template, LoRA; train and runs use it
     "faster": set(),  # chapter 15's optimizer and matmul ceiling: torch only, so the trainer of chapter 8 can use them
     "sample": {"adapters", "options", "tokenizer"},  # duck-types the model: no model, no trainer
@@ -270,6 +272,7 @@ ALLOWED_IMPORTS = {
         "model",
         "options",
         "sample",
+        "reward",
         "serve",
         "tokenizer",
         "runs",

@@ -16,11 +16,12 @@ from ..checkpoint import CKPT_VERSION, list_checkpoints, load_checkpoint
 from ..corpus import TINY_SHAKESPEARE_SHA256
 from ..corpus import cache_dir as data_cache_dir
 from ..chat import sft_config
+from ..reward import rl_config
 from ..runs import RunLocked, read_metrics
 from ..train import TrainConfig, train
 
 # %% auto #0
-__all__ = ['UNUSED', 'plot_metrics', 'baby_config', 'baby_run', 'sft_run', 'cached_run']
+__all__ = ['UNUSED', 'plot_metrics', 'baby_config', 'baby_run', 'sft_run', 'rl_run', 'cached_run']
 
 # %% ../../nbs/08_training.ipynb #e5c18959
 def plot_metrics(metrics, ax=None, title: str | None = None):
@@ -65,7 +66,14 @@ def sft_run(task: str, lora_rank: int = 0, *, after: str | None = None, cache_di
     return cached_run(cfg, f"{name} run", name, cache_dir)
 
 
-UNUSED = {"optimizer": ("muon_lr",), "task": (), "lora_rank": ("lora_alpha", "lora_dropout")}  # at their defaults
+def rl_run(task: str, *, cache_dir=None) -> Path:
+    "The model fine-tuned on `task` (`sft_run`) improved on it by RL (chapter 17), trained once."
+    base = str(sft_run(task, cache_dir=cache_dir))
+    cfg = TrainConfig.from_dict(rl_config(init_from=base, task=task, progress=False))
+    return cached_run(cfg, f"rl-{task} run", f"rl-{task}", cache_dir)
+
+
+UNUSED = {"optimizer": ("muon_lr",), "task": (), "lora_rank": ("lora_alpha", "lora_dropout"), "group_size": ()}
 
 
 def cached_run(cfg: TrainConfig, label: str, name: str, cache_dir=None, extra: dict | None = None) -> Path:
