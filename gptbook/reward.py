@@ -4,17 +4,18 @@
 
 # %% auto #0
 __all__ = ['RL', 'rollouts', 'group_advantages', 'answer_rows', 'token_logp', 'policy_loss', 'kl_per_token', 'RLData',
-           'rl_config', 'rl_data', 'bits_per_byte', 'pass_at_k']
+           'rl_config', 'rl_data', 'bits_per_byte', 'pass_at_k', 'choose', 'multiple_choice', 'task_scores']
 
 # %% ../nbs/17_reward.ipynb #c17imp001
 import math
+import random
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .chat import ChatData, IGNORE, chat_ids, complete, conversation_rows, render, task_items
+from .chat import ChatData, IGNORE, chat_ids, complete, conversation_rows, exact_match, render, task_items
 from .model import lm_loss
 
 # %% ../nbs/17_reward.ipynb #c17roll01
@@ -120,3 +121,39 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     if not (0 <= c <= n and 1 <= k <= n):
         raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
     return 1.0 - math.prod(1 - k / i for i in range(n - c + 1, n + 1))
+
+# %% ../nbs/17_reward.ipynb #c17mc02
+@torch.no_grad()
+def choose(model, prompt: list[int], choices: list[list[int]], n_bytes: list[int]) -> int:
+    "The choice (ids) likeliest after `prompt` per byte of its text: log p(choice | prompt) / bytes, the largest."
+    x, y = answer_rows([prompt] * len(choices), choices)
+    device = next(model.parameters()).device
+    logp = token_logp(model(x.to(device)), y.to(device)).sum(1)  # (n_choices,)
+    return int((logp / torch.tensor(n_bytes, device=device)).argmax())
+
+
+def multiple_choice(model, tokenizer, items, n_choices: int = 4, chat: bool = True, seed: int = 0) -> list[bool]:
+    "Whether the model picks each item's answer among it and other items' answers, in the chat template or as text."
+    rng, pool = random.Random(seed), sorted({a for _, a in items})
+    end = [chat_ids(tokenizer)[2]] if chat else []
+    right = []
+    for q, a in items:
+        choices = rng.sample([b for b in pool if b != a], n_choices - 1) + [a]
+        rng.shuffle(choices)
+        texts = choices if chat else [f" {c}" for c in choices]
+        prompt = (
+            render([{"role": "user", "content": q}], tokenizer, True)[0] if chat else tokenizer.encode(f"Q: {q}\nA:")
+        )
+        ids = [tokenizer.encode(t) + end for t in texts]
+        right.append(choices[choose(model, prompt, ids, [len(t.encode()) for t in texts])] == a)
+    return right
+
+# %% ../nbs/17_reward.ipynb #c17scores1
+def task_scores(model, tokenizer, task: str, n: int = 500, samples: int = 1, k: int = 1, seed: int = 0) -> dict:
+    "On `n` test items of `task`: exact match of the greedy answers; pass@k from `samples` answers at temperature 1."
+    items = task_items(task, "test", n)
+    scores = {"exact match": exact_match(model, tokenizer, items)}
+    if samples > 1:
+        rewards = rollouts(model, tokenizer, items, samples, torch.Generator().manual_seed(seed))[2]
+        scores[f"pass@{k}"] = [pass_at_k(samples, int(c), k) for c in rewards.sum(1)]
+    return scores
