@@ -22,10 +22,12 @@ import torch
 import gptbook
 from .checkpoint import load_checkpoint
 from .config import PRESETS, GPTConfig
-from .files import read_text
+from .chat import TASKS, bootstrap
+from .files import atomic_write, read_text
 from .hf import from_nanogpt, hf_pretrained
 from .model import pick_device, text_nats
 from .options import OptionError, choices_of, field_types, split_optional
+from .reward import bits_per_byte, task_scores
 from .sample import SamplingConfig, generate, stream
 from .serve import add_commands
 from .tokenizer import GPT2_PATTERN, BPETokenizer, CharTokenizer, load_tokenizer
@@ -295,14 +297,34 @@ def _sample(args) -> int:
 def _add_eval_args(p: argparse.ArgumentParser) -> None:
     "All flags of `gptbook eval`."
     _add_model_args(p)
-    p.add_argument("--data", required=True, metavar="PATH", help="a UTF-8 text file to score (all of it)")
+    p.add_argument("--data", metavar="PATH", help="a UTF-8 text file to score (all of it)")
+    p.add_argument("--task", choices=list(TASKS), help="score a chat model's answers to a task's test items")
+    p.add_argument("--n-test", type=int, default=500, metavar="N", help="test items of --task (default: 500)")
+    p.add_argument("--samples", type=int, default=1, metavar="N", help="answers sampled per item (default: 1, greedy)")
+    p.add_argument("--pass-k", type=int, default=1, metavar="K", help="pass@K from the --samples answers (default: 1)")
+    p.add_argument("--report", metavar="FILE", help="also write a markdown report card of the model and its scores")
     p.add_argument("--batch-size", type=int, default=16, metavar="N", help="windows per forward pass (default: 16)")
 
 
 def _eval(args) -> int:
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be at least 1, got {args.batch_size}")
+    if not (args.data or args.task):
+        raise ValueError("gptbook eval scores a text (--data FILE) or a task's test items (--task NAME): give one")
+    if not 1 <= args.pass_k <= args.samples:
+        raise ValueError(f"--pass-k {args.pass_k} needs as many --samples at least (now {args.samples}), and K >= 1")
     model, tokenizer = _model_to_sample(args)
+    lines = (_eval_text(args, model, tokenizer) if args.data else []) + (_eval_task(args, model, tokenizer) or [])
+    print("\n".join(lines))
+    if args.report:
+        with atomic_write(args.report) as f:
+            f.write(_report(args.run or args.out or args.hf or args.nanogpt, lines))
+        print(f"report: {args.report}")
+    return 0
+
+
+def _eval_text(args, model, tokenizer) -> list[str]:
+    "Loss, perplexity and bits per byte of --data: what any two models can be compared by."
     text = read_text(args.data)
     ids = torch.tensor(tokenizer.encode(text), dtype=torch.long, device=next(model.parameters()).device)
     if len(ids) < 2:
@@ -310,11 +332,42 @@ def _eval(args) -> int:
     t0, nats = time.perf_counter(), text_nats(model, ids, args.batch_size)
     if not math.isfinite(nats):
         raise ValueError(f"the model's loss on {args.data} is {nats}: its weights give no usable probabilities")
-    loss = nats / (len(ids) - 1)
-    print(f"data: {args.data} ({len(text):,} characters, {len(ids):,} tokens, {time.perf_counter() - t0:.1f} s)")
-    bits = nats / math.log(2) / len(text)
-    print(f"loss {loss:.4f} nats/token, perplexity {math.exp(loss):.2f}, {bits:.4f} bits/char")
-    return 0
+    loss, seconds = nats / (len(ids) - 1), time.perf_counter() - t0
+    return [
+        f"data: {args.data} ({len(text):,} characters, {len(ids):,} tokens, "
+        f"{bits_per_byte(nats, text):.4f} bits/byte, {seconds:.1f} s)",
+        f"loss {loss:.4f} nats/token, perplexity {math.exp(loss):.2f}, {nats / math.log(2) / len(text):.4f} bits/char",
+    ]
+
+
+def _eval_task(args, model, tokenizer) -> list[str] | None:
+    "Exact match and pass@k on --task's test items, with 95% bootstrap intervals."
+    if not args.task:
+        return None
+    scores = task_scores(model, tokenizer, args.task, args.n_test, args.samples, args.pass_k)
+    out = []
+    for name, s in scores.items():
+        mean, lo, hi = bootstrap(s)
+        out.append(f"{name} {mean:.2f} [{lo:.2f}, {hi:.2f}] on {len(s)} test items of {args.task}")
+    return out
+
+
+def _report(name, lines: list[str]) -> str:
+    "A markdown report card: how the run trained (when `name` is a run folder) and the scores in `lines`."
+    from gptbook.runs import load_run_config, read_metrics
+
+    out = [f"# Report card: {name}", "", f"gptbook {gptbook.__version__}, {time.strftime('%Y-%m-%d %H:%M')}", ""]
+    if name and (Path(name) / "metrics.jsonl").is_file():
+        cfg, m = load_run_config(name).values()
+        h = read_metrics(Path(name) / "metrics.jsonl")
+        timed = [r for r in h if r.get("ms_per_iter")]
+        out += ["## Run", "", f"- model: {m['n_layers']} layers, {m['n_heads']} heads, d_model {m['d_model']}, "]
+        out[-1] += f"{m['vocab_size']:,} ids, context {m['max_seq_len']}"
+        out += [f"- {k}: {cfg[k]}" for k in ("task", "init_from", "max_iters", "batch_size", "lr") if cfg.get(k)]
+        out += [f"- loss at step {h[-1]['iter']}: train {h[-1]['train_loss']:.4f}, val {h[-1]['val_loss']:.4f}"]
+        out += [f"- speed: {timed[-1]['ms_per_iter']:.1f} ms/step on {timed[-1]['machine']}"] if timed else []
+        out += [""]
+    return "\n".join(out + ["## Scores", "", *[f"- {line}" for line in lines]]) + "\n"
 
 # %% ../nbs/A4_cli.ipynb #a4tkc01
 def _add_tokenizer_args(p: argparse.ArgumentParser) -> None:

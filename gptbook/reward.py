@@ -153,7 +153,7 @@ def task_scores(model, tokenizer, task: str, n: int = 500, samples: int = 1, k: 
     "On `n` test items of `task`: exact match of the greedy answers; pass@k from `samples` answers at temperature 1."
     items = task_items(task, "test", n)
     scores = {"exact match": exact_match(model, tokenizer, items)}
-    if samples > 1:
-        rewards = rollouts(model, tokenizer, items, samples, torch.Generator().manual_seed(seed))[2]
-        scores[f"pass@{k}"] = [pass_at_k(samples, int(c), k) for c in rewards.sum(1)]
-    return scores
+    if samples == 1:  # one greedy answer each: pass@1 is exact match
+        return scores | {"pass@1": scores["exact match"]}
+    rewards = rollouts(model, tokenizer, items, samples, torch.Generator().manual_seed(seed))[2]
+    return scores | {f"pass@{k}": [pass_at_k(samples, int(c), k) for c in rewards.sum(1)]}

@@ -4,12 +4,14 @@ pass@k against counting subsets, bits per byte against its identity."""
 
 import itertools
 import math
+import re
 
 import pytest
 import torch
 
 from gptbook.chat import IGNORE, chat_ids, task_items
 from gptbook.checkpoint import load_checkpoint
+from gptbook.model import text_nats
 from gptbook.reward import (
     answer_rows,
     bits_per_byte,
@@ -22,9 +24,9 @@ from gptbook.reward import (
     token_logp,
 )
 from gptbook.runs import read_metrics
-from gptbook.train import train_rl
+from gptbook.train import TrainConfig, train, train_rl
 
-from test_chat import base_run, sft  # noqa: F401  (fixtures)
+from test_chat import SMALL, base_run, sft  # noqa: F401  (fixtures)
 from test_cli import call
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
@@ -119,3 +121,52 @@ def test_bits_per_byte_identity():
     text = "héllo, wörld"  # 12 characters, 14 bytes
     assert math.isclose(bits_per_byte(14 * math.log(2), text), 1.0, rel_tol=1e-12)
     assert math.isclose(bits_per_byte(7.0, text), 7.0 / math.log(2) / 14, rel_tol=1e-12)
+
+
+@pytest.fixture(scope="module")
+def char_run(tmp_path_factory):
+    "A two-step character run: a second tokenizer for bits per byte."
+    out = tmp_path_factory.mktemp("char")
+    train(
+        TrainConfig(out_dir=str(out), max_iters=2, eval_interval=2, eval_iters=1, progress=False, model_overrides=SMALL)
+    )
+    return out
+
+
+def test_bits_per_byte_of_char_and_bpe_models_is_their_summed_loss(char_run, base_run, tmp_path, capsys):  # noqa: F811
+    plays = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n" * 3
+    for run, text in ((char_run, plays), (base_run, plays + "Caf\u00e9, na\u00efve\n")):  # the BPE spells any byte
+        (tmp_path / "t.txt").write_text(text, encoding="utf-8")
+        ck = load_checkpoint(run)
+        ids = torch.tensor(ck.tokenizer.encode(text))
+        T, by_hand = ck.model.config.max_seq_len, 0.0
+        with torch.no_grad():  # every window's log-probabilities in float64, summed
+            for i in range(0, len(ids) - 1, T):
+                x, y = ids[i : i + T], ids[i + 1 : i + 1 + T]
+                logp = ck.model(x[None, : len(y)])[0].double().log_softmax(-1)
+                by_hand -= logp.gather(1, y[:, None]).sum().item()
+        nats = text_nats(ck.model, ids, batch_size=3)
+        assert math.isclose(nats, by_hand, rel_tol=1e-6)  # float32 logits
+        bpb = bits_per_byte(nats, text)
+        assert math.isclose(bpb * math.log(2) * len(text.encode()), nats, rel_tol=1e-12)
+        status, out, err = call(capsys, "eval", run, "--data", tmp_path / "t.txt")
+        assert status == 0, err
+        assert f"{bpb:.4f} bits/byte" in out
+        chars = float(re.search(r"([\d.]+) bits/char", out).group(1))  # more bytes than characters: fewer bits each
+        assert chars == pytest.approx(bpb * len(text.encode()) / len(text), abs=1e-4)
+
+
+def test_eval_task_prints_exact_match_and_pass_at_k_and_writes_a_report(chat_run, tmp_path, capsys):
+    argv = ["eval", chat_run, "--task", "reverse", "--n-test", "6", "--report", tmp_path / "card.md"]
+    status, out, err = call(capsys, *argv)
+    assert status == 0, err
+    assert re.search(r"exact match [01]\.\d\d \[", out) and re.search(r"pass@1 [01]\.\d\d \[", out)
+    card = (tmp_path / "card.md").read_text()
+    assert card.startswith("# Report card") and "task: reverse" in card and "exact match" in card
+    status, out, err = call(
+        capsys, "eval", chat_run, "--task", "reverse", "--n-test", "4", "--samples", "3", "--pass-k", "2"
+    )
+    assert status == 0 and "pass@2 " in out, err
+    for bad, says in [(["--samples", "2", "--pass-k", "3"], "--pass-k 3"), ([], "--data FILE")]:
+        status, _, err = call(capsys, "eval", chat_run, *(["--task", "reverse"] if bad else []), *bad)
+        assert status != 0 and says in err
