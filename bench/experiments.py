@@ -15,7 +15,7 @@ too (--lr, stored in experiments.json's 'lr_sweep' section); the 2,000-step chec
 
 Expected-results cards. The two configurations the book trains, `gptbook train` (baby model, characters)
 and `gptbook train --tokenizer bpe` (baby model, BPE with 512 ids learned on the training text only), 2,000 steps
-each: the validation loss on the whole split, bits per character (nats / ln 2 / characters per token, one scale
+each: the validation loss on the whole split, bits per byte (nats / ln 2 / bytes per token, one scale
 for both tokenizers), the context in characters, the steady-state speed and the whole run's wall time, the
 machine and torch version.
 
@@ -614,9 +614,9 @@ def run_ablations(data, jobs: list, train: dict | None = None, workers: int = 1,
 # --- expected-results cards ------------------------------------------------------------------------
 
 
-def bits_per_char(loss: float, n_tokens: int, n_chars: int) -> float:
-    "Nats per token to bits per character: loss * n_tokens / (n_chars * ln 2). Example: (ln 2, 1, 1) -> 1.0"
-    return loss * n_tokens / (n_chars * math.log(2))
+def bits_per_byte(loss: float, n_tokens: int, n_bytes: int) -> float:
+    "Nats per token to bits per UTF-8 byte: loss * n_tokens / (n_bytes * ln 2). Example: (ln 2, 1, 1) -> 1.0"
+    return loss * n_tokens / (n_bytes * math.log(2))
 
 
 def cpu_model() -> str:
@@ -647,10 +647,11 @@ def _load():
     return round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
 
 
-def val_chars_per_token(data) -> tuple:
-    "(tokens, characters) of the validation split: the characters are those of the decoded ids."
+def val_counts(data) -> tuple:
+    "(tokens, characters, UTF-8 bytes) of the validation split: the characters and bytes of the decoded ids."
     ids = [int(t) for t in data.val]
-    return len(ids), len(data.tokenizer.decode(ids))
+    text = data.tokenizer.decode(ids)
+    return len(ids), len(text), len(text.encode())
 
 
 def context_chars(data, context_len: int) -> float:
@@ -680,7 +681,6 @@ def run_card(name: str, tokenizer: str, bpe_vocab_size: int = 512, steps: int = 
     finally:
         shutil.rmtree(out, ignore_errors=True)
     wall = time.perf_counter() - t0
-    n_tok, n_chars = val_chars_per_token(data)
     return make_card(
         name,
         tokenizer,
@@ -693,11 +693,11 @@ def run_card(name: str, tokenizer: str, bpe_vocab_size: int = 512, steps: int = 
 
 
 def make_card(name, tokenizer, data, trainer, val_loss, wall_s, load_avg) -> dict:
-    """The card of a finished run: whole-split validation loss, bits per character, context in characters, timing.
+    """The card of a finished run: whole-split validation loss, bits per byte, context in characters, timing.
 
     The speed fields (ms_per_step, tokens_per_sec, chars_per_sec) are filled in by `add_speed`, from the steady
     state; `ms_per_step_whole_run` is the run's own average over its training steps (evaluations left out)."""
-    cfg, n_tok, n_chars = trainer.cfg, *val_chars_per_token(data)
+    cfg, (n_tok, n_chars, n_bytes) = trainer.cfg, val_counts(data)
     cpt = n_chars / n_tok
     last = trainer.history[-1]
     return {
@@ -713,10 +713,11 @@ def make_card(name, tokenizer, data, trainer, val_loss, wall_s, load_avg) -> dic
         "tokens_per_step": cfg.batch_size * trainer.context_len * cfg.grad_accum,
         "val_tokens": n_tok,
         "val_chars": n_chars,
+        "val_bytes": n_bytes,
         "chars_per_token": round(cpt, 4),
         "val_loss": round(val_loss, 4),
         "bits_per_token": round(val_loss / math.log(2), 4),
-        "bits_per_char": round(val_loss / math.log(2) / cpt, 4),
+        "bits_per_byte": round(bits_per_byte(val_loss, n_tok, n_bytes), 4),
         "val_loss_sampled": round(last["val_loss"], 4),
         "train_loss_sampled": round(last["train_loss"], 4),
         "wall_s": round(wall_s, 1),
@@ -731,10 +732,10 @@ def make_card(name, tokenizer, data, trainer, val_loss, wall_s, load_avg) -> dic
 def check_card(card: dict, tol: float = 2e-4) -> None:
     """Raise ValueError naming every derived field of `card` that its own fields do not reproduce.
 
-    bits/char = val_loss / ln 2 / chars_per_token, chars_per_token = val_chars / val_tokens, and so on."""
+    bits/byte = val_loss / ln 2 x val_tokens / val_bytes, chars_per_token = val_chars / val_tokens, and so on."""
     missing = [
         k
-        for k in ("val_loss", "val_tokens", "val_chars", "chars_per_token", "wall_s", "machine")
+        for k in ("val_loss", "val_tokens", "val_chars", "val_bytes", "chars_per_token", "wall_s", "machine")
         if card.get(k) is None
     ]
     if missing:
@@ -744,7 +745,7 @@ def check_card(card: dict, tol: float = 2e-4) -> None:
     want = {
         "chars_per_token": (cpt, tol),
         "bits_per_token": (card["val_loss"] / math.log(2), tol),
-        "bits_per_char": (card["val_loss"] / math.log(2) / card["chars_per_token"], tol),
+        "bits_per_byte": (bits_per_byte(card["val_loss"], card["val_tokens"], card["val_bytes"]), tol),
         "tokens_per_step": (card["batch_size"] * card["context_len"], 0),
         "tokens_per_sec": (speed, 1 + 1e-3 * speed),
         "chars_per_sec": (speed * card["chars_per_token"], 1 + 1e-3 * speed * card["chars_per_token"]),
@@ -810,7 +811,7 @@ def cards_table(cards: list) -> str:
         ("context: tokens (≈ characters)", lambda c: f"{c['context_len']} (≈ {c['context_chars']:.0f})"),
         ("characters per token (val)", lambda c: f"{c['chars_per_token']:.3f}"),
         ("val loss, whole split (nats/token)", lambda c: f"{c['val_loss']:.3f}"),
-        ("**bits per character (val)**", lambda c: f"**{c['bits_per_char']:.3f}**"),
+        ("**bits per byte (val)**", lambda c: f"**{c['bits_per_byte']:.3f}**"),
         ("val − train gap, sampled (nats/token)", lambda c: f"{c['val_loss_sampled'] - c['train_loss_sampled']:.3f}"),
         ("steady state: ms/step", lambda c: f"{c['ms_per_step']:.1f}"),
         ("steady state: tokens/s (characters/s)", lambda c: f"{c['tokens_per_sec']:,} ({c['chars_per_sec']:,})"),
@@ -1227,8 +1228,9 @@ def cards_speed(out: Path, command: str, stamp: str, threads: int) -> list:
 
 CARD_DEFINITION = (
     "val_loss: mean cross-entropy (nats/token) over the whole validation split (last 10% of the ids, every "
-    "non-overlapping window of context_len); bits_per_char = val_loss / ln 2 / chars_per_token, with "
-    "chars_per_token = val_chars / val_tokens of that split; context_chars: mean characters in one window of "
+    "non-overlapping window of context_len); bits_per_byte = val_loss / ln 2 x val_tokens / val_bytes, "
+    "with val_bytes the UTF-8 bytes of that split decoded (chars_per_token = val_chars / val_tokens); "
+    "context_chars: mean characters in one window of "
     "context_len tokens of the split; *_sampled: the trainer's last evaluation (20 random batches). "
     "ms_per_step, tokens_per_sec, chars_per_sec: the steady state, the fastest of 5 interleaved bursts of 20 "
     "steps (speed_probe), measured when, where and at which load average speed_measured says (`--cards-speed` "

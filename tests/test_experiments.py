@@ -1,5 +1,5 @@
 """Chapter 13: the committed experiment results are well-formed and consistent, the chapter shows exactly
-them, and the pieces of bench/experiments.py (the unscaled-attention hook, bits per character, one run)
+them, and the pieces of bench/experiments.py (the unscaled-attention hook, bits per byte, one run)
 compute what they claim."""
 
 import importlib.util
@@ -233,31 +233,33 @@ def test_expected_results_json(expected):
     for c in cards.values():
         E.check_card(c)
         assert c["steps"] == 2000 and c["context_len"] == 64 and c["batch_size"] == 12
-        assert 0.5 < c["bits_per_char"] < 4 and c["wall_s"] > 0 and c["ms_per_step"] > 0
+        assert 0.5 < c["bits_per_byte"] < 4 and c["wall_s"] > 0 and c["ms_per_step"] > 0
         assert c["val_curve"][-1][0] == 2000 and c["val_curve"][-1][1] == pytest.approx(c["val_loss_sampled"], abs=1e-3)
         assert abs(c["val_loss"] - c["val_loss_sampled"]) < 0.1, "whole split and 20 batches estimate one loss"
         assert c["machine"]["cpu"] and c["machine"]["torch"] and c["machine"]["threads"] >= 1
     char, bpe = cards["baby-char"], cards["baby-bpe512"]
     assert char["vocab_size"] == 65 and char["val_tokens"] == char["val_chars"] == 111_540  # last 10% of 1,115,394
-    assert char["context_chars"] == 64 and char["bits_per_char"] == char["bits_per_token"]
+    assert char["context_chars"] == 64 and char["bits_per_byte"] == char["bits_per_token"]
+    assert char["val_bytes"] == char["val_chars"] and bpe["val_bytes"] == bpe["val_chars"]  # the plays are ASCII
     assert bpe["vocab_size"] == 512 and 1.5 < bpe["chars_per_token"] < 3
     assert bpe["context_chars"] == pytest.approx(64 * bpe["chars_per_token"], rel=0.05)
 
 
-def test_bits_per_char_recomputed_from_each_cards_own_fields(expected):
-    "bits/char = nats / ln 2 / characters per token, with characters per token = val chars / val tokens."
+def test_bits_per_byte_recomputed_from_each_cards_own_fields(expected):
+    "bits/byte = nats / ln 2 x tokens / bytes, over the whole validation split."
     for c in expected["cards"]:
         cpt = c["val_chars"] / c["val_tokens"]
         assert c["chars_per_token"] == pytest.approx(cpt, abs=1e-4)
-        assert c["bits_per_char"] == pytest.approx(c["val_loss"] / math.log(2) / cpt, abs=2e-4)
-        assert c["bits_per_char"] == pytest.approx(
-            E.bits_per_char(c["val_loss"], c["val_tokens"], c["val_chars"]), abs=2e-4
+        by_hand = c["val_loss"] / math.log(2) * c["val_tokens"] / c["val_bytes"]
+        assert c["bits_per_byte"] == pytest.approx(by_hand, abs=2e-4)
+        assert c["bits_per_byte"] == pytest.approx(
+            E.bits_per_byte(c["val_loss"], c["val_tokens"], c["val_bytes"]), abs=2e-4
         )
 
 
 @pytest.mark.parametrize(
     "field, value",
-    [("bits_per_char", +0.05), ("chars_per_token", +0.1), ("val_loss", +0.05), ("tokens_per_sec", +100)]
+    [("bits_per_byte", +0.05), ("chars_per_token", +0.1), ("val_loss", +0.05), ("tokens_per_sec", +100)]
     + [("context_chars", +40.0), ("bits_per_token", -0.01)],
 )
 def test_check_card_rejects_an_inconsistent_card(expected, field, value):
@@ -569,12 +571,12 @@ def test_embed_scale_variant_differs_from_sinusoidal_by_the_switch_only(results)
     assert rows["sinusoidal_embed_scale"]["seeds"] == rows["sinusoidal"]["seeds"] == results["setup"]["seeds"]
 
 
-def test_bits_per_char_against_a_direct_count():
-    "Two characters per token, each token predicted with probability 1/4: 2 bits per token, 1 bit per character."
-    tokens = ["ab", "cd", "ef"]
+def test_bits_per_byte_against_a_direct_count():
+    "Two bytes per token, each token predicted with probability 1/4: 2 bits per token, 1 bit per byte."
+    tokens = ["ab", "cd", "é"]  # é is two bytes in UTF-8
     nats = [-math.log(0.25)] * len(tokens)
-    direct = sum(n / math.log(2) for n in nats) / sum(len(t) for t in tokens)
-    assert E.bits_per_char(sum(nats) / len(nats), len(tokens), 6) == pytest.approx(direct) == pytest.approx(1.0)
+    direct = sum(n / math.log(2) for n in nats) / sum(len(t.encode()) for t in tokens)
+    assert E.bits_per_byte(sum(nats) / len(nats), len(tokens), 6) == pytest.approx(direct) == pytest.approx(1.0)
 
 
 def test_full_val_loss_is_the_mean_over_every_window():
