@@ -215,21 +215,8 @@ def _take(fd: int, run_dir: Path) -> None:
             raise RunLocked(
                 f"another gptbook train is using {run_dir} (pid {pid}); wait for it, or choose another --out"
             ) from None
-    try:
-        same = os.path.samestat(os.fstat(fd), os.lstat(run_dir / LOCK))
-    except FileNotFoundError:
-        same = False
-    if not same:  # the folder's creator removed it after a failed start: this lock guards nothing
+    if os.fstat(fd).st_nlink == 0:  # its creator removed it after a failed start: it guards nothing
         raise RunLocked(f"another gptbook train started in {run_dir} at the same moment; run the command again")
-
-
-def _write_pid(fd: int, run_dir: Path) -> None:
-    "Write this process's pid into the lock file, for a second run to name; a full disk is one line."
-    try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    except OSError as e:
-        raise _unwritable(run_dir, e) from None
 
 
 @contextlib.contextmanager
@@ -244,7 +231,11 @@ def run_lock(run_dir):
     try:
         _take(fd, run_dir)
         held = True
-        _write_pid(fd, run_dir)
+        try:  # this process's pid, for a second run to name; a full disk is one line
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError as e:
+            raise _unwritable(run_dir, e) from None
         yield run_dir
     finally:
         if held:  # an --overwrite run that ended before its first checkpoint leaves nothing behind
