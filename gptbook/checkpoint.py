@@ -160,9 +160,7 @@ def _no_run(path: Path) -> str:
 
 def _earlier(folder: Path) -> str:
     "Advice when the checkpoint `folder` is damaged and its run folder holds an older one."
-    older = [
-        p for p in list_checkpoints(folder.parent) if step_of(p) is not None and step_of(p) < (step_of(folder) or 0)
-    ]
+    older = [p for p in list_checkpoints(folder.parent) if step_of(p) < (step_of(folder) or 0)]
     if not older:
         return ""
     return f"; move it aside (mv {folder} {folder.parent / ('damaged_' + folder.name)}) to use {older[-1]}"

@@ -301,15 +301,10 @@ def load_run_config(path) -> dict:
     path = Path(path)
     if (path / REPLACING / CONFIG).is_file():  # a run that replaces another, stopped while moving in
         path = path / REPLACING
-    if path.is_dir():
-        configs = read_json(path / CONFIG, "run config") if (path / CONFIG).is_file() else read_state(path)
-    elif path.is_file():
-        configs = read_json(path, "run config")
-    else:
-        raise FileNotFoundError(
-            f"{path} does not exist: give a run folder (`gptbook train --out {path}` makes one), "
-            "a checkpoint folder or a config.json"
-        )
+    if path.is_file() or (path / CONFIG).is_file():
+        configs = read_json(path / CONFIG if path.is_dir() else path, "run config")
+    else:  # a checkpoint folder, or a run's latest (read_state says what to do if there is none)
+        configs = read_state(path)
     if not isinstance(configs, dict) or not isinstance(configs.get("train_config"), dict):
         raise ValueError(f'{path} has no "train_config": a run config is {{"train_config": {{...}}, ...}}')
     return {"train_config": configs["train_config"], "model_config": configs.get("model_config")}
