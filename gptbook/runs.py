@@ -98,8 +98,7 @@ class TrainingDiverged(FloatingPointError):
 
 
 def check_evaluation(record: dict, history: list[dict], factor: float, out_dir: Path) -> None:
-    """Raise TrainingDiverged for an evaluation whose loss is not finite, or over `factor` times the best so far and
-    1 nat above it (a loss near 0, as fine-tuning reaches, may triple by noise)."""
+    "Raise TrainingDiverged for a loss that is not finite, or over `factor` times the best so far and 1 nat above it."
     best = min((r["val_loss"] for r in history), default=math.inf)
     step, train, val = record["iter"], record["train_loss"], record["val_loss"]
     if math.isfinite(val) and math.isfinite(train) and val <= max(factor * best, best + 1):
@@ -221,10 +220,7 @@ def _take(fd: int, run_dir: Path) -> None:
 
 @contextlib.contextmanager
 def run_lock(run_dir):
-    """Hold the lock of the run folder `run_dir` (made if needed) for the block; a second process fails at once.
-
-    The lock is `flock` on `run_dir/.lock`, which the kernel drops when its holder dies, even by kill -9. Only the
-    process that made the folder and holds the lock removes it (with its lock) if the run left nothing in it."""
+    "Hold the flock of `run_dir/.lock` (made if needed; freed when its holder dies) for the block; a second one fails."
     run_dir = Path(run_dir)
     fd, created = _open_lock(run_dir)
     held = False
@@ -320,10 +316,7 @@ def _sweep(run_dir: Path) -> None:
 
 
 def start_run(run_dir, resume: bool, overwrite: bool) -> tuple[Path, dict | None]:
-    """Under the run lock: the folder a run writes into, and (`resume`) the state of the checkpoint it continues.
-
-    A fresh run refuses a folder that holds checkpoints unless `overwrite`; then it writes into `run_dir/.new_run`
-    until its first checkpoint, and `commit_run` switches it in (a kill before that leaves the old run whole)."""
+    "Under the run lock: the folder a run writes into (--overwrite: `.new_run`, see `commit_run`); a resume's state."
     run_dir = Path(run_dir)
     _sweep(run_dir)
     if resume:
