@@ -445,8 +445,7 @@ def machine(device) -> str:
         return f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}"
     cpu = platform.processor() or "an unnamed CPU"
     with contextlib.suppress(OSError):  # Linux names the model in /proc/cpuinfo
-        names = [ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")]
-        cpu = names[0] if names else cpu
+        cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), cpu)
     threads = torch.get_num_threads()
     where = f" ({device.type})" if device.type != "cpu" else ""
     return f"{cpu}{where}, {os.cpu_count()} CPUs, {threads} thread{'s' * (threads > 1)}, torch {torch.__version__}"
@@ -455,12 +454,11 @@ def machine(device) -> str:
 def header(trainer, state: dict | None) -> str:
     "The lines a run starts with (`trainer`: a Trainer): what trains, on what machine, where."
     cfg, data = trainer.cfg, trainer.data
-    n_params = sum(p.numel() for p in trainer.model.parameters())
     start = f"resuming from step {trainer.step}" if state else "fresh"
     start += f", initialized from {cfg.init_from}" if cfg.init_from and not state else ""
     where, unit = (f"task {cfg.task}", "conversations") if cfg.task else (cfg.data_path or "Tiny Shakespeare", "tokens")
     return (
-        f"gptbook {gptbook.__version__}: {n_params / 1e6:.2f}M parameters on {trainer.device} in "
+        f"gptbook {gptbook.__version__}: {trainer.model.num_params() / 1e6:.2f}M parameters on {trainer.device} in "
         f"{str(trainer.dtype).removeprefix('torch.')}, {trainer.tokens_per_step:,} tokens per step\n"
         f"machine: {machine(trainer.device)}\n"
         f"data: {where} ({len(data.train) + len(data.val):,} {unit}: "
