@@ -326,10 +326,9 @@ def start_run(run_dir, resume: bool, overwrite: bool) -> tuple[Path, dict | None
             (run_dir / name).unlink(missing_ok=True)
         return run_dir, None
     if not overwrite:
-        found = [p.name for p in checkpoint_dirs(run_dir)][-2:]
         raise FileExistsError(
-            f"{run_dir} holds a run ({', '.join(found)}); continue it with --resume, or pass "
-            "--overwrite to replace it (once the new run has saved its first checkpoint)"
+            f"{run_dir} holds a run ({', '.join(p.name for p in checkpoint_dirs(run_dir)[-2:])}); continue it with "
+            "--resume, or pass --overwrite to replace it (once the new run has saved its first checkpoint)"
         )
     (run_dir / STAGING).mkdir()
     return run_dir / STAGING, None

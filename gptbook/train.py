@@ -54,8 +54,7 @@ def lr_at(it: int, max_lr: float, warmup_iters: int, max_iters: int, min_lr: flo
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     "Two AdamW groups: the weight matrices of `nn.Linear` layers decay; biases, norms and embeddings do not."
     decay = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
-    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-    decay -= embeddings  # a head tied to the embedding is an embedding first
+    decay -= {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}  # a tied head is an embedding
     params = list(dict.fromkeys(p for p in model.parameters() if p.requires_grad))  # each tensor once, in order
     return [
         {"params": [p for p in params if id(p) in decay], "weight_decay": weight_decay},
