@@ -40,7 +40,6 @@ from .data import TokenData, load_token_data
 from .faster import matmul_flops
 from .files import atomic_write, memory_bytes, read_json, remove_dir, sha256_of
 from .hf import hf_folder, hf_pretrained
-from .model import pick_device, pick_dtype
 from .options import OptionError
 
 # %% auto #0
@@ -390,10 +389,9 @@ def run_data(cfg, state: dict | None, tokenizer) -> tuple[TokenData, str]:
 
 # %% ../nbs/A2_checkpoints.ipynb #26cd0b7d
 def check_fits(cfg, c: GPTConfig, data: TokenData) -> None:
-    "What the run `cfg` (a TrainConfig) is refused for before it starts: vocabulary, device, a short text, memory."
+    "What the run `cfg` (a TrainConfig) is refused for before it starts: vocabulary, context, a short text, memory."
     if c.vocab_size < data.vocab_size:
         raise ValueError(f"the model's vocab_size {c.vocab_size} is smaller than the tokenizer's {data.vocab_size}")
-    pick_dtype(cfg.dtype, pick_device(cfg.device))
     T = cfg.context_len or c.max_seq_len
     if T > c.max_seq_len and c.positions == "learned":
         raise ValueError(
@@ -415,9 +413,8 @@ def check_fits(cfg, c: GPTConfig, data: TokenData) -> None:
     if need > (have := memory_bytes() or need):
         raise OptionError(
             "batch_size",
-            f"batch_size={cfg.batch_size} x context {T:,} needs about "
-            f"{need / 2**30:,.1f} GiB to train, more than this machine's {have / 2**30:,.1f} GiB: "
-            "lower --batch-size or --context-len, or use --grad-accum",
+            f"batch_size={cfg.batch_size} x context {T:,} needs about {need / 2**30:,.1f} GiB to train, more than "
+            f"this machine's {have / 2**30:,.1f} GiB: lower --batch-size or --context-len, or use --grad-accum",
         )
 
 
