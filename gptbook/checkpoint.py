@@ -102,10 +102,7 @@ def _check_finite(model, where) -> None:
 def save_checkpoint(
     run_dir, step: int, model, optimizer=None, generator=None, *, tokenizer=None, meta=None, keep_last: int = 1
 ) -> Path:
-    """Write `run_dir/ckpt_<step>/` whole or not at all (`atomic_dir`), then keep the newest `keep_last` checkpoints.
-
-    `meta`: JSON-ready entries for state.json (the trainer's configs). state.json is written last and records the
-    SHA-256 of every other file."""
+    "Write `run_dir/ckpt_<step>/` whole or not at all (`atomic_dir`), then keep the newest `keep_last` checkpoints."
     run_dir, folder = Path(run_dir), Path(run_dir) / f"{CKPT_PREFIX}{step:07d}"
     _check_finite(model, folder)
     state = {"format": CKPT_FORMAT, "version": CKPT_VERSION, "iter": step}
@@ -132,8 +129,7 @@ def save_checkpoint(
 
 # %% ../nbs/A2_checkpoints.ipynb #cbea81b2
 def latest_checkpoint(path) -> Path:
-    """`path` itself if it is a checkpoint folder, else the newest complete checkpoint of the run folder `path`
-    (a newer folder without state.json, left by hand, is skipped with a note)."""
+    "`path` itself if it is a checkpoint folder, else the newest complete checkpoint of the run folder `path`."
     path = Path(path)
     if is_checkpoint_dir(path) and path.is_dir():
         return path
@@ -160,9 +156,7 @@ def _no_run(path: Path) -> str:
 
 def _earlier(folder: Path) -> str:
     "Advice when the checkpoint `folder` is damaged and its run folder holds an older one."
-    older = [
-        p for p in list_checkpoints(folder.parent) if step_of(p) is not None and step_of(p) < (step_of(folder) or 0)
-    ]
+    older = [p for p in list_checkpoints(folder.parent) if step_of(p) < (step_of(folder) or 0)]
     if not older:
         return ""
     return f"; move it aside (mv {folder} {folder.parent / ('damaged_' + folder.name)}) to use {older[-1]}"

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['MAX_TEXT_BYTES', 'fsync_dir', 'atomic_write', 'remove_dir', 'atomic_dir', 'sha256_of', 'read_text', 'read_json', 'read_format', 'built_from', 'memory_bytes']
+__all__ = ['fsync_dir', 'atomic_write', 'remove_dir', 'atomic_dir', 'sha256_of', 'read_text', 'read_json', 'read_format', 'built_from', 'memory_bytes']
 
 # %% ../nbs/A2_checkpoints.ipynb #e4747d22
 def fsync_dir(path) -> None:
@@ -36,11 +36,8 @@ def _fsync_file(path) -> None:
 
 
 @contextlib.contextmanager
-def atomic_write(path, mode: str | None = "w", encoding: str | None = "utf-8"):
-    """Open a temporary file beside `path` for writing; on a clean exit fsync it and rename it onto `path`.
-
-    `mode=None` yields the temporary file's path instead of an open file, for writers that take a path
-    (`tokenizer.save(path)`). On an exception the temporary file is removed and `path` is untouched."""
+def atomic_write(path, mode: str | None = "w"):
+    "A temporary file beside `path` (`mode=None`: its path), renamed onto `path` on a clean exit (fsynced), or removed."
     path = Path(path)
     if path.is_dir():
         raise IsADirectoryError(f"{path} is a folder: give the name of a file to write")
@@ -56,7 +53,7 @@ def atomic_write(path, mode: str | None = "w", encoding: str | None = "utf-8"):
             os.close(fd)
             yield Path(tmp)
         else:
-            with os.fdopen(fd, mode, encoding=None if "b" in mode else encoding) as f:
+            with os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8") as f:
                 yield f
         _fsync_file(tmp)
         os.chmod(tmp, 0o666 & ~_umask())
@@ -86,10 +83,7 @@ def remove_dir(path) -> None:
 
 @contextlib.contextmanager
 def atomic_dir(path):
-    """Yield a temporary folder beside `path`; on a clean exit fsync its files and rename it to `path`.
-
-    A folder already at `path` is replaced (moved aside, then deleted). On an exception the temporary folder
-    is removed and `path` is untouched."""
+    "A temporary folder beside `path`, renamed to `path` (replacing one) on a clean exit (fsynced), else removed."
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".tmp_{path.name}_"))
@@ -119,10 +113,7 @@ def sha256_of(path, block_size: int = 1 << 20) -> str:
     return h.hexdigest()
 
 # %% ../nbs/A2_checkpoints.ipynb #27e8ac74
-MAX_TEXT_BYTES = 2**30  # 1 GiB: a larger corpus belongs in a token file, not in one string in memory
-
-
-def read_text(path, what: str = "text", max_bytes: int = MAX_TEXT_BYTES) -> str:
+def read_text(path, what: str = "text", max_bytes: int = 2**30) -> str:  # a larger corpus belongs in a token file
     "The UTF-8 text of the regular file `path`; a missing, special, oversized or non-UTF-8 file is one line naming it."
     path = Path(path).expanduser()
     if not path.is_file():  # a folder, a device such as /dev/zero, a pipe: nothing to read whole

@@ -40,7 +40,6 @@ from .data import TokenData, load_token_data
 from .faster import matmul_flops
 from .files import atomic_write, memory_bytes, read_json, remove_dir, sha256_of
 from .hf import hf_folder, hf_pretrained
-from .model import pick_device, pick_dtype
 from .options import OptionError
 
 # %% auto #0
@@ -98,8 +97,7 @@ class TrainingDiverged(FloatingPointError):
 
 
 def check_evaluation(record: dict, history: list[dict], factor: float, out_dir: Path) -> None:
-    """Raise TrainingDiverged for an evaluation whose loss is not finite, or over `factor` times the best so far and
-    1 nat above it (a loss near 0, as fine-tuning reaches, may triple by noise)."""
+    "Raise TrainingDiverged for a loss that is not finite, or over `factor` times the best so far and 1 nat above it."
     best = min((r["val_loss"] for r in history), default=math.inf)
     step, train, val = record["iter"], record["train_loss"], record["val_loss"]
     if math.isfinite(val) and math.isfinite(train) and val <= max(factor * best, best + 1):
@@ -215,36 +213,24 @@ def _take(fd: int, run_dir: Path) -> None:
             raise RunLocked(
                 f"another gptbook train is using {run_dir} (pid {pid}); wait for it, or choose another --out"
             ) from None
-    try:
-        same = os.path.samestat(os.fstat(fd), os.lstat(run_dir / LOCK))
-    except FileNotFoundError:
-        same = False
-    if not same:  # the folder's creator removed it after a failed start: this lock guards nothing
+    if os.fstat(fd).st_nlink == 0:  # its creator removed it after a failed start: it guards nothing
         raise RunLocked(f"another gptbook train started in {run_dir} at the same moment; run the command again")
-
-
-def _write_pid(fd: int, run_dir: Path) -> None:
-    "Write this process's pid into the lock file, for a second run to name; a full disk is one line."
-    try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    except OSError as e:
-        raise _unwritable(run_dir, e) from None
 
 
 @contextlib.contextmanager
 def run_lock(run_dir):
-    """Hold the lock of the run folder `run_dir` (made if needed) for the block; a second process fails at once.
-
-    The lock is `flock` on `run_dir/.lock`, which the kernel drops when its holder dies, even by kill -9. Only the
-    process that made the folder and holds the lock removes it (with its lock) if the run left nothing in it."""
+    "Hold the flock of `run_dir/.lock` (made if needed; freed when its holder dies) for the block; a second one fails."
     run_dir = Path(run_dir)
     fd, created = _open_lock(run_dir)
     held = False
     try:
         _take(fd, run_dir)
         held = True
-        _write_pid(fd, run_dir)
+        try:  # this process's pid, for a second run to name; a full disk is one line
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError as e:
+            raise _unwritable(run_dir, e) from None
         yield run_dir
     finally:
         if held:  # an --overwrite run that ended before its first checkpoint leaves nothing behind
@@ -310,15 +296,10 @@ def load_run_config(path) -> dict:
     path = Path(path)
     if (path / REPLACING / CONFIG).is_file():  # a run that replaces another, stopped while moving in
         path = path / REPLACING
-    if path.is_dir():
-        configs = read_json(path / CONFIG, "run config") if (path / CONFIG).is_file() else read_state(path)
-    elif path.is_file():
-        configs = read_json(path, "run config")
-    else:
-        raise FileNotFoundError(
-            f"{path} does not exist: give a run folder (`gptbook train --out {path}` makes one), "
-            "a checkpoint folder or a config.json"
-        )
+    if path.is_file() or (path / CONFIG).is_file():
+        configs = read_json(path / CONFIG if path.is_dir() else path, "run config")
+    else:  # a checkpoint folder, or a run's latest (read_state says what to do if there is none)
+        configs = read_state(path)
     if not isinstance(configs, dict) or not isinstance(configs.get("train_config"), dict):
         raise ValueError(f'{path} has no "train_config": a run config is {{"train_config": {{...}}, ...}}')
     return {"train_config": configs["train_config"], "model_config": configs.get("model_config")}
@@ -334,10 +315,7 @@ def _sweep(run_dir: Path) -> None:
 
 
 def start_run(run_dir, resume: bool, overwrite: bool) -> tuple[Path, dict | None]:
-    """Under the run lock: the folder a run writes into, and (`resume`) the state of the checkpoint it continues.
-
-    A fresh run refuses a folder that holds checkpoints unless `overwrite`; then it writes into `run_dir/.new_run`
-    until its first checkpoint, and `commit_run` switches it in (a kill before that leaves the old run whole)."""
+    "Under the run lock: the folder a run writes into (--overwrite: `.new_run`, see `commit_run`); a resume's state."
     run_dir = Path(run_dir)
     _sweep(run_dir)
     if resume:
@@ -347,10 +325,9 @@ def start_run(run_dir, resume: bool, overwrite: bool) -> tuple[Path, dict | None
             (run_dir / name).unlink(missing_ok=True)
         return run_dir, None
     if not overwrite:
-        found = [p.name for p in checkpoint_dirs(run_dir)][-2:]
         raise FileExistsError(
-            f"{run_dir} holds a run ({', '.join(found)}); continue it with --resume, or pass "
-            "--overwrite to replace it (once the new run has saved its first checkpoint)"
+            f"{run_dir} holds a run ({', '.join(p.name for p in checkpoint_dirs(run_dir)[-2:])}); continue it with "
+            "--resume, or pass --overwrite to replace it (once the new run has saved its first checkpoint)"
         )
     (run_dir / STAGING).mkdir()
     return run_dir / STAGING, None
@@ -412,10 +389,9 @@ def run_data(cfg, state: dict | None, tokenizer) -> tuple[TokenData, str]:
 
 # %% ../nbs/A2_checkpoints.ipynb #26cd0b7d
 def check_fits(cfg, c: GPTConfig, data: TokenData) -> None:
-    "What the run `cfg` (a TrainConfig) is refused for before it starts: vocabulary, device, a short text, memory."
+    "What the run `cfg` (a TrainConfig) is refused for before it starts: vocabulary, context, a short text, memory."
     if c.vocab_size < data.vocab_size:
         raise ValueError(f"the model's vocab_size {c.vocab_size} is smaller than the tokenizer's {data.vocab_size}")
-    pick_dtype(cfg.dtype, pick_device(cfg.device))
     T = cfg.context_len or c.max_seq_len
     if T > c.max_seq_len and c.positions == "learned":
         raise ValueError(
@@ -437,9 +413,8 @@ def check_fits(cfg, c: GPTConfig, data: TokenData) -> None:
     if need > (have := memory_bytes() or need):
         raise OptionError(
             "batch_size",
-            f"batch_size={cfg.batch_size} x context {T:,} needs about "
-            f"{need / 2**30:,.1f} GiB to train, more than this machine's {have / 2**30:,.1f} GiB: "
-            "lower --batch-size or --context-len, or use --grad-accum",
+            f"batch_size={cfg.batch_size} x context {T:,} needs about {need / 2**30:,.1f} GiB to train, more than "
+            f"this machine's {have / 2**30:,.1f} GiB: lower --batch-size or --context-len, or use --grad-accum",
         )
 
 
@@ -466,8 +441,7 @@ def machine(device) -> str:
         return f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}"
     cpu = platform.processor() or "an unnamed CPU"
     with contextlib.suppress(OSError):  # Linux names the model in /proc/cpuinfo
-        names = [ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")]
-        cpu = names[0] if names else cpu
+        cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), cpu)
     threads = torch.get_num_threads()
     where = f" ({device.type})" if device.type != "cpu" else ""
     return f"{cpu}{where}, {os.cpu_count()} CPUs, {threads} thread{'s' * (threads > 1)}, torch {torch.__version__}"
@@ -476,12 +450,11 @@ def machine(device) -> str:
 def header(trainer, state: dict | None) -> str:
     "The lines a run starts with (`trainer`: a Trainer): what trains, on what machine, where."
     cfg, data = trainer.cfg, trainer.data
-    n_params = sum(p.numel() for p in trainer.model.parameters())
     start = f"resuming from step {trainer.step}" if state else "fresh"
     start += f", initialized from {cfg.init_from}" if cfg.init_from and not state else ""
     where, unit = (f"task {cfg.task}", "conversations") if cfg.task else (cfg.data_path or "Tiny Shakespeare", "tokens")
     return (
-        f"gptbook {gptbook.__version__}: {n_params / 1e6:.2f}M parameters on {trainer.device} in "
+        f"gptbook {gptbook.__version__}: {trainer.model.num_params() / 1e6:.2f}M parameters on {trainer.device} in "
         f"{str(trainer.dtype).removeprefix('torch.')}, {trainer.tokens_per_step:,} tokens per step\n"
         f"machine: {machine(trainer.device)}\n"
         f"data: {where} ({len(data.train) + len(data.val):,} {unit}: "

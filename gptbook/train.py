@@ -54,8 +54,7 @@ def lr_at(it: int, max_lr: float, warmup_iters: int, max_iters: int, min_lr: flo
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     "Two AdamW groups: the weight matrices of `nn.Linear` layers decay; biases, norms and embeddings do not."
     decay = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
-    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-    decay -= embeddings  # a head tied to the embedding is an embedding first
+    decay -= {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}  # a tied head is an embedding
     params = list(dict.fromkeys(p for p in model.parameters() if p.requires_grad))  # each tensor once, in order
     return [
         {"params": [p for p in params if id(p) in decay], "weight_decay": weight_decay},
@@ -377,10 +376,8 @@ def _trainer(cfg, model_config, state, data, ranks: Ranks) -> Trainer:
 
 # %% ../nbs/08_training.ipynb #t8train01
 def train(cfg=None, model_config=None, *, resume=False, data=None, overwrite=False) -> Trainer:
-    """Train a GPT as `cfg` says, from scratch, or (`resume=True`) from the latest checkpoint in `cfg.out_dir`
-    (`cfg=None`: the saved run's config). Everything is checked before anything on disk changes, under the run
-    folder's lock. A fresh run refuses a folder that holds a run unless `overwrite`; the new run then trains
-    beside the old one and replaces it in one step once its first checkpoint is saved."""
+    """Train a GPT as `cfg` says, or (`resume`) continue `cfg.out_dir`'s run (`cfg=None`: its saved config), all checked
+    under the run lock before the disk changes; `overwrite` replaces a run there once the new one has a checkpoint."""
     ranks = init_distributed()
     run_dir = Path((cfg or TrainConfig()).out_dir)
     with run_lock(run_dir) if ranks.rank == 0 else nullcontext():
@@ -414,8 +411,7 @@ def train(cfg=None, model_config=None, *, resume=False, data=None, overwrite=Fal
 
 
 def train_sft(*, resume=False, overwrite=False, **options) -> Trainer:
-    """Fine-tune the model of `init_from` on a `task`'s conversations (chapter 16): `train` with `SFT`, then `options`.
-    `resume=True` continues the run in `out_dir` with its saved config, changed by `options`."""
+    "Fine-tune `init_from` on a `task` (chapter 16): `train` with `SFT` (`resume`: the saved config), then `options`."
     start = load_run_config(options.get("out_dir", "out"))["train_config"] if resume else sft_config(**options)
     return train(TrainConfig.from_dict({**start, **options}), resume=resume, overwrite=overwrite)
 

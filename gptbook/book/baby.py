@@ -36,8 +36,7 @@ def plot_metrics(metrics, ax=None, title: str | None = None):
     ax.plot(its, [r["val_loss"] for r in records], "o-", ms=3, label="val")
     ax.set_xlabel("step")
     ax.set_ylabel("cross-entropy (nats/token)")
-    if title:
-        ax.set_title(title)
+    ax.set_title(title or "")
     ax.grid(alpha=0.3)
     ax.legend()
     return ax
@@ -58,8 +57,7 @@ def baby_run(tokenizer: Literal["char", "bpe"] = "char", *, cache_dir=None) -> P
 
 
 def sft_run(task: str, lora_rank: int = 0, *, after: str | None = None, cache_dir=None) -> Path:
-    """The BPE baby (or its `sft_run(after)`) fine-tuned on `task` (chapter 16), with adapters of `lora_rank` or fully
-    (0), trained once."""
+    "The BPE baby (or `sft_run(after)`) fine-tuned on `task` (chapter 16), `lora_rank` 0 fully, trained once."
     base = str(sft_run(after, cache_dir=cache_dir) if after else baby_run("bpe", cache_dir=cache_dir))
     cfg = TrainConfig.from_dict(sft_config(init_from=base, task=task, lora_rank=lora_rank, progress=False))
     name = f"sft-{task}" + (f"-after-{after}" if after else "") + (f"-lora{lora_rank}" if lora_rank else "")
@@ -77,11 +75,8 @@ UNUSED = {"optimizer": ("muon_lr",), "task": (), "lora_rank": ("lora_alpha", "lo
 
 
 def cached_run(cfg: TrainConfig, label: str, name: str, cache_dir=None, extra: dict | None = None) -> Path:
-    """The run folder of `cfg` in `cache_dir` (default: `gptbook.corpus.cache_dir()`), trained once.
-
-    Its name is `runs/<name>-<key>`, the key a hash of the config, of the text's SHA-256, of the checkpoint format's
-    version and of what a metrics record holds (fields added since, at values that change nothing, left out).
-    An unfinished run is resumed, a damaged one trained again; while another process trains it, this one waits."""
+    """The run folder `runs/<name>-<key>` of `cfg` in `cache_dir` (default: `gptbook.corpus.cache_dir()`), trained once:
+    resumed if unfinished, trained again if damaged, waited for while another process trains it."""
     decides = {k: v for k, v in cfg.to_dict().items() if k not in ("out_dir", "progress", "threads", "logger")}
     for field, others in UNUSED.items():
         if decides[field] == TrainConfig.__dataclass_fields__[field].default:
