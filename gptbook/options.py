@@ -13,7 +13,8 @@ import typing
 from typing import Any, Callable, Literal, Union
 
 # %% auto #0
-__all__ = ['option', 'field_types', 'split_optional', 'choices_of', 'OptionError', 'check_value', 'Options']
+__all__ = ['option', 'field_types', 'split_optional', 'choices_of', 'OptionError', 'check_value', 'Options', 'check_even',
+           'check_rope_shapes', 'check_heads']
 
 # %% ../nbs/A1_options.ipynb #84c99dfe
 class _NoDefault:
@@ -182,3 +183,29 @@ def _from_json(hint, value):
     "Turn a JSON list back into a tuple where the field is a tuple."
     base, _ = split_optional(hint)
     return tuple(value) if (typing.get_origin(base) or base) is tuple and isinstance(value, list) else value
+
+# %% ../nbs/A1_options.ipynb #a1shape2
+def check_even(name: str, value: int) -> None:
+    "Refuse an odd `name`: sin/cos tables and RoPE work on pairs of dimensions."
+    if value % 2:
+        raise ValueError(f"{name}={value} is odd: sin/cos and RoPE work on pairs of dimensions, use an even {name}")
+
+
+def check_rope_shapes(x, cos, sin) -> None:
+    "Refuse RoPE tables (tensors or arrays) that are not (T, head_dim // 2) for x (..., T, head_dim)."
+    T, d = x.shape[-2], x.shape[-1]
+    if cos.shape != sin.shape or cos.shape[-1] * 2 != d or cos.shape[-2] != T:
+        raise ValueError(
+            f"cos and sin must be ({T}, {d // 2}) (x's T, head_dim // 2); got {tuple(cos.shape)}: slice the tables"
+        )
+
+
+def check_heads(d_model: int, n_heads: int, n_kv_heads: int | None) -> int:
+    "n_kv_heads (None: n_heads), once d_model splits into n_heads and n_heads into n_kv_heads groups."
+    n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+    if d_model % n_heads or n_heads % n_kv_heads:  # GPTConfig names the field; a layer built by hand gets this
+        raise ValueError(
+            f"d_model={d_model} must be divisible by n_heads={n_heads}, and n_heads by n_kv_heads={n_kv_heads}"
+        )
+    return n_kv_heads
+
