@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention import MultiHeadAttention, causal_mask
-from .positions import apply_rope, rope_angles
+from .positions import RotaryPositions, apply_rope
 
 # %% ../nbs/14_inside.ipynb #b53955f5
 def attention_layers(model: nn.Module) -> list[MultiHeadAttention]:
@@ -156,15 +156,12 @@ class AttentionOnly(nn.Module):
         self.blocks = nn.ModuleList([AttentionBlock(d_model, n_heads) for _ in range(n_layers)])
         self.ln_f = nn.LayerNorm(d_model)
         self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
-        cos, sin = rope_angles(max_seq_len, d_model // n_heads)  # (max_seq_len, head_dim / 2) each
-        self.register_buffer("cos", cos, persistent=False)
-        self.register_buffer("sin", sin, persistent=False)
+        self.rope = RotaryPositions(max_seq_len, d_model // n_heads)  # chapter 4's tables: no parameters
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        T = idx.shape[1]
-        x = self.wte(idx)  # (B, T, d_model); the positions enter as rotations of q and k
+        x, rope = self.rope(self.wte(idx))  # (B, T, d_model); the positions enter as rotations of q and k
         for blk in self.blocks:
-            x = blk(x, rope=(self.cos[:T], self.sin[:T]))
+            x = blk(x, rope=rope)
         return self.lm_head(self.ln_f(x))  # (B, T, vocab_size)
 
 # %% ../nbs/14_inside.ipynb #bbb9636a
@@ -286,7 +283,7 @@ def patch_heads(model, clean, corrupted, period: int) -> list[dict]:
 
 def circuit_test(model, seed=0, periods=(8, 16), period=12, batch_size=256):
     "head_costs and patch_heads on new inputs, for a trained AttentionOnly."
-    vocab_size, seq_len = model.lm_head.out_features, model.cos.shape[0]
+    vocab_size, seq_len = model.lm_head.out_features, model.rope.cos.shape[0]
     g = torch.Generator().manual_seed(20_000 + seed)
     batch = repeat_batch(batch_size, seq_len, vocab_size, periods, g)
     clean = repeated_tokens(batch_size, period, vocab_size, g)  # (B, 2 period)

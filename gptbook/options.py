@@ -208,4 +208,3 @@ def check_heads(d_model: int, n_heads: int, n_kv_heads: int | None) -> int:
             f"d_model={d_model} must be divisible by n_heads={n_heads}, and n_heads by n_kv_heads={n_kv_heads}"
         )
     return n_kv_heads
-
