@@ -88,11 +88,8 @@ def patch(model: nn.Module, outputs: dict):
     by_layer = {}
     for (layer, head), value in outputs.items():
         if not (0 <= layer < len(layers) and 0 <= head < layers[layer].n_heads):
-            n_heads = layers[0].n_heads if layers else 0
-            raise ValueError(
-                f"no head ({layer}, {head}): the model has {len(layers)} "
-                f"attention layers of {n_heads} heads, numbered from 0"
-            )
+            shape = f"{len(layers)} attention layers of {layers[0].n_heads if layers else 0} heads"
+            raise ValueError(f"no head ({layer}, {head}): the model has {shape}, numbered from 0")
         by_layer.setdefault(layer, {})[head] = value
 
     by_proj = {layers[i].c_proj: (layers[i].head_dim, values) for i, values in by_layer.items()}
@@ -241,8 +238,7 @@ def head_costs(model, batch, probe, period: int) -> list[dict]:
     "`_measure` intact, then with each head zeroed and mean-ablated."
     with torch.no_grad(), record(model) as rec:
         model(batch[0])
-    intact = _measure(model, batch, probe, period)
-    rows = [dict(head=None, how="none", **intact)]
+    rows = [dict(head=None, how="none", **_measure(model, batch, probe, period))]  # intact
     for layer, outputs in enumerate(rec.heads):  # (B, T, n_heads, head_dim)
         for head in range(outputs.shape[2]):
             mean = outputs[:, :, head].mean((0, 1))  # (head_dim,)

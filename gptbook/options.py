@@ -14,7 +14,7 @@ from typing import Any, Callable, Literal, Union
 
 # %% auto #0
 __all__ = ['option', 'field_types', 'split_optional', 'choices_of', 'OptionError', 'check_value', 'Options', 'check_even',
-           'check_rope_shapes', 'check_heads']
+           'check_rope_shapes', 'check_positions', 'check_heads']
 
 # %% ../nbs/A1_options.ipynb #84c99dfe
 class _NoDefault:
@@ -198,6 +198,12 @@ def check_rope_shapes(x, cos, sin) -> None:
         raise ValueError(
             f"cos and sin must be ({T}, {d // 2}) (x's T, head_dim // 2); got {tuple(cos.shape)}: slice the tables"
         )
+
+
+def check_positions(start: int, T: int, max_seq_len: int) -> None:
+    "Refuse positions start..start+T-1 that a table of max_seq_len rows does not hold."
+    if T < 0 or start < 0 or start + T > max_seq_len:
+        raise ValueError(f"positions {start}..{start + T - 1} exceed max_seq_len={max_seq_len}: crop the context")
 
 
 def check_heads(d_model: int, n_heads: int, n_kv_heads: int | None) -> int:

@@ -13,7 +13,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from .options import check_even, check_rope_shapes, choices_of
+from .options import check_even, check_positions, check_rope_shapes, choices_of
 
 # %% ../nbs/04_positions.ipynb #9d39e9b4
 class LearnedPositions(nn.Module):
@@ -27,10 +27,7 @@ class LearnedPositions(nn.Module):
 
     def table(self, T: int, start: int = 0) -> torch.Tensor:
         "Rows start..start+T-1 of the table: (T, d_model)."
-        if T < 0 or start < 0 or start + T > self.max_seq_len:
-            raise ValueError(
-                f"positions {start}..{start + T - 1} exceed max_seq_len={self.max_seq_len}: crop the context"
-            )
+        check_positions(start, T, self.max_seq_len)
         return self.weight[start : start + T]  # (T, d_model)
 
     def forward(self, x: torch.Tensor, start: int = 0) -> tuple[torch.Tensor, None]:

@@ -8,18 +8,14 @@ __all__ = ['learned_positions', 'sinusoidal_table', 'rope_angles', 'apply_rope',
 # %% ../../nbs/scratch/00_positions.ipynb #eaaf7ec2
 import numpy as np
 
-from ..options import check_even, check_rope_shapes
+from ..options import check_even, check_positions, check_rope_shapes
 from .embedding import param
 
 # %% ../../nbs/04_positions.ipynb #63bca665
 #| code-fold: true
 def learned_positions(table: np.ndarray, T: int, start: int = 0) -> np.ndarray:
     "Rows start..start+T-1 of a learned (max_seq_len, d_model) position table."
-    max_seq_len = table.shape[0]
-    if T < 0 or start < 0 or start + T > max_seq_len:
-        raise ValueError(
-            f"positions {start}..{start + T - 1} exceed max_seq_len={max_seq_len} (T={T}): crop the context"
-        )
+    check_positions(start, T, table.shape[0])
     return table[start : start + T]  # (T, d_model)
 
 # %% ../../nbs/04_positions.ipynb #3d428cdb
