@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from .files import memory_bytes
 from .layers import FFNKind, NormKind, NormPosition, swiglu_d_ff
-from .options import OptionError, Options, option
+from .options import OptionError, Options, check_heads, option
 from .positions import PositionKind
 
 # %% auto #0
@@ -43,7 +43,8 @@ class GPTConfig(Options):
     embed_scale: bool = option(False, "token embeddings times sqrt(d_model) before positions (the 2017 transformer)")
 
     def check(self) -> None:
-        "The rules between fields (the table _GPT_RULES, in order), then the size (_check_size)."
+        "The head counts (check_heads), the rules of the table _GPT_RULES in order, then the size (_check_size)."
+        check_heads(self.d_model, self.n_heads, self.n_kv_heads)
         for name, broken, why in _GPT_RULES:
             if broken(self):
                 raise OptionError(name, f"{name}={getattr(self, name)!r} {why.format(c=self)}")
@@ -105,18 +106,6 @@ class GPTConfig(Options):
 
 # %% ../nbs/06_model.ipynb #74265209
 _GPT_RULES = (  # (the field to blame, when the rule is broken, why: formatted with c = the config)
-    (
-        "d_model",
-        lambda c: c.d_model % c.n_heads,
-        "is not divisible by n_heads={c.n_heads}: each head gets d_model // n_heads features; "
-        "pick n_heads dividing {c.d_model}",
-    ),
-    (
-        "n_kv_heads",
-        lambda c: c.n_heads % c.resolved_kv_heads,
-        "does not divide n_heads={c.n_heads} (n_heads must be divisible by it): each key/value head serves "
-        "n_heads // n_kv_heads query heads; pick n_kv_heads dividing {c.n_heads}",
-    ),
     (
         "d_model",
         lambda c: c.positions == "rope" and c.head_dim % 2,

@@ -207,10 +207,18 @@ def check_positions(start: int, T: int, max_seq_len: int) -> None:
 
 
 def check_heads(d_model: int, n_heads: int, n_kv_heads: int | None) -> int:
-    "n_kv_heads (None: n_heads), once d_model splits into n_heads and n_heads into n_kv_heads groups."
+    "n_kv_heads (None: n_heads), once d_model splits into n_heads heads and n_heads into n_kv_heads groups."
     n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
-    if d_model % n_heads or n_heads % n_kv_heads:  # GPTConfig names the field; a layer built by hand gets this
-        raise ValueError(
-            f"d_model={d_model} must be divisible by n_heads={n_heads}, and n_heads by n_kv_heads={n_kv_heads}"
+    if d_model % n_heads:
+        raise OptionError(
+            "d_model",
+            f"d_model={d_model} is not divisible by n_heads={n_heads}: each head gets d_model // n_heads features; "
+            f"pick n_heads dividing {d_model}",
+        )
+    if n_heads % n_kv_heads:
+        raise OptionError(
+            "n_kv_heads",
+            f"n_kv_heads={n_kv_heads} does not divide n_heads={n_heads}: each key/value head serves "
+            f"n_heads // n_kv_heads query heads; make n_kv_heads={n_kv_heads} a divisor of {n_heads}",
         )
     return n_kv_heads
