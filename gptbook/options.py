@@ -44,9 +44,8 @@ def option(
 ) -> Any:
     """A dataclass field with its help text and allowed range; without `default` or `default_factory` it is required.
 
-    `min`/`max` bound numbers (`min_open`/`max_open` exclude the bound itself); `why` is added to the error
-    message; `flag` renames the command-line flag (default: `--field-name`) and `metavar` names its value in the
-    help; `cli=False` gives it none. `absent` is what a saved config without this field means (see `from_dict`)."""
+    `min`/`max` bound numbers (`min_open`/`max_open`: excluded); `why` joins the error message; `flag`/`metavar` rename
+    the CLI flag/its value, `cli=False` gives none; `absent`: what a saved config without it means (`from_dict`)."""
     metadata = dict(help=help, min=min, max=max, min_open=min_open, max_open=max_open, why=why)
     metadata.update(flag=flag, metavar=metavar, cli=cli, absent=absent)
     default = dataclasses.MISSING if default is _NO_DEFAULT else default
