@@ -43,11 +43,14 @@ class GPTConfig(Options):
     embed_scale: bool = option(False, "token embeddings times sqrt(d_model) before positions (the 2017 transformer)")
 
     def check(self) -> None:
-        "The head counts (check_heads), the rules of the table _GPT_RULES in order, then the size (_check_size)."
+        "The head counts (check_heads), the even widths RoPE and the sinusoids need, then the size (_check_size)."
         check_heads(self.d_model, self.n_heads, self.n_kv_heads)
-        for name, broken, why in _GPT_RULES:
-            if broken(self):
-                raise OptionError(name, f"{name}={getattr(self, name)!r} {why.format(c=self)}")
+        if self.positions == "rope" and self.head_dim % 2:
+            why = f"gives an odd head_dim={self.head_dim} (d_model // n_heads): RoPE rotates pairs of features"
+            raise OptionError("d_model", f"d_model={self.d_model} {why}; make head_dim even")
+        if self.positions == "sinusoidal" and self.d_model % 2:
+            why = "is odd: sinusoidal positions come in sin/cos pairs; make d_model even"
+            raise OptionError("d_model", f"d_model={self.d_model} {why}")
         _check_size(self)
 
     @property
@@ -105,20 +108,6 @@ class GPTConfig(Options):
         return cls.from_dict({**presets[name](vocab_size=vocab_size).to_dict(), **overrides})
 
 # %% ../nbs/06_model.ipynb #74265209
-_GPT_RULES = (  # (the field to blame, when the rule is broken, why: formatted with c = the config)
-    (
-        "d_model",
-        lambda c: c.positions == "rope" and c.head_dim % 2,
-        "gives an odd head_dim={c.head_dim} (d_model // n_heads): RoPE rotates pairs of features; make head_dim even",
-    ),
-    (
-        "d_model",
-        lambda c: c.positions == "sinusoidal" and c.d_model % 2,
-        "is odd: sinusoidal positions come in sin/cos pairs; make d_model even",
-    ),
-)
-
-
 def _check_size(c: GPTConfig) -> None:
     "Refuse a config whose weights (float32) would not fit in this machine's memory, before anything is allocated."
     tables = {"rope": c.max_seq_len * c.head_dim, "sinusoidal": c.max_seq_len * c.d_model}.get(c.positions, 0)
