@@ -321,8 +321,7 @@ def attention_explorer(tokens: list, weights, query: int | None = None, title: s
     data = {"n_heads": H, "weights": _tril_rows(weights)}
     start = query * (query + 1) // 2
     row = [x / 1e4 for x in data["weights"][0][start : start + query + 1]]  # what the page shows: 4 decimals
-    layers, heads = [(i, str(i)) for i in range(L)], [(i, str(i)) for i in range(H)]  # numbered from 0, as in Python
-    controls = [choice("layer", "layer", layers), choice("head", "head", heads)]
+    controls = [choice(name, name, [(i, i) for i in range(n)]) for name, n in (("layer", L), ("head", H))]  # from 0
     best = row.index(max(row))  # the status line, for layer 0, head 0 and `query`
     words = (
         "Layer {layer}, head {head}: the token at position {query} ('{token}') puts {top} of its attention on "
