@@ -63,7 +63,8 @@ class GPT(nn.Module):
         self.wpe = make_positions(c)  # learned: the parameter wpe.weight; sinusoidal, rope: buffers, not saved
         self.drop = nn.Dropout(c.dropout)
         same = {k: getattr(c, k) for k in ("norm", "norm_position", "ffn", "bias", "dropout", "norm_eps", "use_sdpa")}
-        self.blocks = nn.ModuleList([Block(c.d_model, c.n_heads, c.n_kv_heads, c.d_ff, **same) for _ in range(c.n_layers)])
+        blocks = [Block(c.d_model, c.n_heads, c.n_kv_heads, c.d_ff, **same) for _ in range(c.n_layers)]
+        self.blocks = nn.ModuleList(blocks)
         # pre-norm leaves the stream un-normalized; post-norm blocks already end in a norm
         self.ln_f = make_norm(c.norm, c.d_model, c.norm_eps, c.bias) if c.norm_position == "pre" else nn.Identity()
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)

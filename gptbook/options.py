@@ -13,8 +13,8 @@ import typing
 from typing import Any, Callable, Literal, Union
 
 # %% auto #0
-__all__ = ['option', 'field_types', 'split_optional', 'choices_of', 'OptionError', 'check_value', 'Options', 'check_even',
-           'check_rope_shapes', 'check_positions', 'check_heads']
+__all__ = ['option', 'field_types', 'split_optional', 'choices_of', 'OptionError', 'check_value', 'Options', 'check_choice',
+           'check_even', 'check_rope_shapes', 'check_positions', 'check_heads']
 
 # %% ../nbs/A1_options.ipynb #84c99dfe
 class _NoDefault:
@@ -184,6 +184,12 @@ def _from_json(hint, value):
     return tuple(value) if (typing.get_origin(base) or base) is tuple and isinstance(value, list) else value
 
 # %% ../nbs/A1_options.ipynb #a1shape2
+def check_choice(name: str, value, choices: tuple) -> None:
+    "Refuse a `value` of `name` that is not one of `choices`."
+    if value not in choices:
+        raise ValueError(f"{name}={value!r} is not one of {choices}")
+
+
 def check_even(name: str, value: int) -> None:
     "Refuse an odd `name`: sin/cos tables and RoPE work on pairs of dimensions."
     if value % 2:

@@ -13,7 +13,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from .options import check_even, check_positions, check_rope_shapes, choices_of
+from .options import check_choice, check_even, check_positions, check_rope_shapes, choices_of
 
 # %% ../nbs/04_positions.ipynb #9d39e9b4
 class LearnedPositions(nn.Module):
@@ -132,12 +132,11 @@ class NoPositions(nn.Module):
 def make_positions(config) -> nn.Module:
     "The position module `config.positions` names, sized by the config's max_seq_len, d_model, n_heads, rope_base."
     kind, max_seq_len, d_model = config.positions, config.max_seq_len, config.d_model
+    check_choice("positions", kind, choices_of(PositionKind))
     if kind == "learned":
         return LearnedPositions(max_seq_len, d_model)
     if kind == "sinusoidal":
         return SinusoidalPositions(max_seq_len, d_model)
     if kind == "rope":
         return RotaryPositions(max_seq_len, d_model // config.n_heads, config.rope_base)
-    if kind == "none":
-        return NoPositions()
-    raise ValueError(f"positions={kind!r} is not one of {choices_of(PositionKind)}")
+    return NoPositions()

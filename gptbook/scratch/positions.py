@@ -8,7 +8,7 @@ __all__ = ['learned_positions', 'sinusoidal_table', 'rope_angles', 'apply_rope',
 # %% ../../nbs/scratch/00_positions.ipynb #eaaf7ec2
 import numpy as np
 
-from ..options import check_even, check_positions, check_rope_shapes
+from ..options import check_choice, check_even, check_positions, check_rope_shapes
 from .embedding import param
 
 # %% ../../nbs/04_positions.ipynb #63bca665
@@ -67,8 +67,7 @@ def rope_halves_to_interleaved(head_dim: int) -> np.ndarray:
 def make_positions(params: dict, config):
     "NumPy twin of `gptbook.positions.make_positions`: a function (x, start=0) -> (x with positions, RoPE or None)."
     kind = config.positions
-    if kind not in ("learned", "sinusoidal", "rope", "none"):
-        raise ValueError(f"positions={kind!r} is not one of ('learned', 'sinusoidal', 'rope', 'none')")
+    check_choice("positions", kind, ("learned", "sinusoidal", "rope", "none"))
 
     def positions(x, start=0):
         T, d_model = x.shape[-2:]
