@@ -28,15 +28,13 @@ def attention_layers(model: nn.Module) -> list[MultiHeadAttention]:
 
 def attention_weights(attn: MultiHeadAttention, x: torch.Tensor, rope=None) -> torch.Tensor:
     "The (B, n_heads, T, T) causal softmax(q k^T / sqrt(head_dim)) that `attn` forms on its input x (B, T, d_model)."
-    B, T, _ = x.shape
     nh, nkv, hd = attn.n_heads, attn.n_kv_heads, attn.head_dim
-    q, k, _ = attn.c_attn(x).split([nh * hd, nkv * hd, nkv * hd], dim=-1)  # the layer's own projection
-    q = q.view(B, T, nh, hd).transpose(1, 2)  # (B, nh, T, hd)
-    k = k.view(B, T, nkv, hd).transpose(1, 2).repeat_interleave(nh // nkv, dim=1)  # (B, nh, T, hd)
+    heads = attn.c_attn(x).unflatten(-1, (-1, hd)).transpose(1, 2)  # the layer's own projection: (B, nh + 2 nkv, T, hd)
+    q, k = heads[:, :nh], heads[:, nh : nh + nkv].repeat_interleave(nh // nkv, dim=1)  # (B, nh, T, hd) each
     if rope is not None:
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
     scores = (q @ k.transpose(-2, -1)) / math.sqrt(hd)  # (B, nh, T, T)
-    return scores.masked_fill(~causal_mask(T, device=x.device), float("-inf")).softmax(dim=-1)
+    return scores.masked_fill(~causal_mask(x.shape[1], device=x.device), float("-inf")).softmax(dim=-1)
 
 # %% ../nbs/14_inside.ipynb #2450446b
 #| code-fold: true
