@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .options import check_heads
 from .positions import apply_rope
 
 # %% ../nbs/03_attention.ipynb #7995bf6b
@@ -79,11 +80,7 @@ class MultiHeadAttention(nn.Module):
         use_sdpa: bool = True,
     ):
         super().__init__()
-        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
-        if d_model % n_heads or n_heads % n_kv_heads:  # GPTConfig names the field; a layer built by hand gets this
-            raise ValueError(
-                f"d_model={d_model} must be divisible by n_heads={n_heads}, and n_heads by n_kv_heads={n_kv_heads}"
-            )
+        n_kv_heads = check_heads(d_model, n_heads, n_kv_heads)
         self.d_model, self.n_heads, self.n_kv_heads = d_model, n_heads, n_kv_heads
         self.head_dim = d_model // n_heads
         self.dropout_p, self.use_sdpa = dropout, use_sdpa  # dropout_p: on the attention weights, in training

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from .files import memory_bytes
 from .layers import FFNKind, NormKind, NormPosition, swiglu_d_ff
-from .options import OptionError, Options, option
+from .options import OptionError, Options, check_heads, option
 from .positions import PositionKind
 
 # %% auto #0
@@ -43,10 +43,14 @@ class GPTConfig(Options):
     embed_scale: bool = option(False, "token embeddings times sqrt(d_model) before positions (the 2017 transformer)")
 
     def check(self) -> None:
-        "The rules between fields (the table _GPT_RULES, in order), then the size (_check_size)."
-        for name, broken, why in _GPT_RULES:
-            if broken(self):
-                raise OptionError(name, f"{name}={getattr(self, name)!r} {why.format(c=self)}")
+        "The head counts (check_heads), the even widths RoPE and the sinusoids need, then the size (_check_size)."
+        check_heads(self.d_model, self.n_heads, self.n_kv_heads)
+        if self.positions == "rope" and self.head_dim % 2:
+            why = f"gives an odd head_dim={self.head_dim} (d_model // n_heads): RoPE rotates pairs of features"
+            raise OptionError("d_model", f"d_model={self.d_model} {why}; make head_dim even")
+        if self.positions == "sinusoidal" and self.d_model % 2:
+            why = "is odd: sinusoidal positions come in sin/cos pairs; make d_model even"
+            raise OptionError("d_model", f"d_model={self.d_model} {why}")
         _check_size(self)
 
     @property
@@ -104,32 +108,6 @@ class GPTConfig(Options):
         return cls.from_dict({**presets[name](vocab_size=vocab_size).to_dict(), **overrides})
 
 # %% ../nbs/06_model.ipynb #74265209
-_GPT_RULES = (  # (the field to blame, when the rule is broken, why: formatted with c = the config)
-    (
-        "d_model",
-        lambda c: c.d_model % c.n_heads,
-        "is not divisible by n_heads={c.n_heads}: each head gets d_model // n_heads features; "
-        "pick n_heads dividing {c.d_model}",
-    ),
-    (
-        "n_kv_heads",
-        lambda c: c.n_heads % c.resolved_kv_heads,
-        "does not divide n_heads={c.n_heads} (n_heads must be divisible by it): each key/value head serves "
-        "n_heads // n_kv_heads query heads; pick n_kv_heads dividing {c.n_heads}",
-    ),
-    (
-        "d_model",
-        lambda c: c.positions == "rope" and c.head_dim % 2,
-        "gives an odd head_dim={c.head_dim} (d_model // n_heads): RoPE rotates pairs of features; make head_dim even",
-    ),
-    (
-        "d_model",
-        lambda c: c.positions == "sinusoidal" and c.d_model % 2,
-        "is odd: sinusoidal positions come in sin/cos pairs; make d_model even",
-    ),
-)
-
-
 def _check_size(c: GPTConfig) -> None:
     "Refuse a config whose weights (float32) would not fit in this machine's memory, before anything is allocated."
     tables = {"rope": c.max_seq_len * c.head_dim, "sinusoidal": c.max_seq_len * c.d_model}.get(c.positions, 0)

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention import MultiHeadAttention, causal_mask
-from .positions import apply_rope, rope_angles
+from .positions import RotaryPositions, apply_rope
 
 # %% ../nbs/14_inside.ipynb #b53955f5
 def attention_layers(model: nn.Module) -> list[MultiHeadAttention]:
@@ -28,15 +28,13 @@ def attention_layers(model: nn.Module) -> list[MultiHeadAttention]:
 
 def attention_weights(attn: MultiHeadAttention, x: torch.Tensor, rope=None) -> torch.Tensor:
     "The (B, n_heads, T, T) causal softmax(q k^T / sqrt(head_dim)) that `attn` forms on its input x (B, T, d_model)."
-    B, T, _ = x.shape
     nh, nkv, hd = attn.n_heads, attn.n_kv_heads, attn.head_dim
-    q, k, _ = attn.c_attn(x).split([nh * hd, nkv * hd, nkv * hd], dim=-1)  # the layer's own projection
-    q = q.view(B, T, nh, hd).transpose(1, 2)  # (B, nh, T, hd)
-    k = k.view(B, T, nkv, hd).transpose(1, 2).repeat_interleave(nh // nkv, dim=1)  # (B, nh, T, hd)
+    heads = attn.c_attn(x).unflatten(-1, (-1, hd)).transpose(1, 2)  # the layer's own projection: (B, nh + 2 nkv, T, hd)
+    q, k = heads[:, :nh], heads[:, nh : nh + nkv].repeat_interleave(nh // nkv, dim=1)  # (B, nh, T, hd) each
     if rope is not None:
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
     scores = (q @ k.transpose(-2, -1)) / math.sqrt(hd)  # (B, nh, T, T)
-    return scores.masked_fill(~causal_mask(T, device=x.device), float("-inf")).softmax(dim=-1)
+    return scores.masked_fill(~causal_mask(x.shape[1], device=x.device), float("-inf")).softmax(dim=-1)
 
 # %% ../nbs/14_inside.ipynb #2450446b
 #| code-fold: true
@@ -88,11 +86,8 @@ def patch(model: nn.Module, outputs: dict):
     by_layer = {}
     for (layer, head), value in outputs.items():
         if not (0 <= layer < len(layers) and 0 <= head < layers[layer].n_heads):
-            n_heads = layers[0].n_heads if layers else 0
-            raise ValueError(
-                f"no head ({layer}, {head}): the model has {len(layers)} "
-                f"attention layers of {n_heads} heads, numbered from 0"
-            )
+            shape = f"{len(layers)} attention layers of {layers[0].n_heads if layers else 0} heads"
+            raise ValueError(f"no head ({layer}, {head}): the model has {shape}, numbered from 0")
         by_layer.setdefault(layer, {})[head] = value
 
     by_proj = {layers[i].c_proj: (layers[i].head_dim, values) for i, values in by_layer.items()}
@@ -156,15 +151,12 @@ class AttentionOnly(nn.Module):
         self.blocks = nn.ModuleList([AttentionBlock(d_model, n_heads) for _ in range(n_layers)])
         self.ln_f = nn.LayerNorm(d_model)
         self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
-        cos, sin = rope_angles(max_seq_len, d_model // n_heads)  # (max_seq_len, head_dim / 2) each
-        self.register_buffer("cos", cos, persistent=False)
-        self.register_buffer("sin", sin, persistent=False)
+        self.rope = RotaryPositions(max_seq_len, d_model // n_heads)  # chapter 4's tables: no parameters
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        T = idx.shape[1]
-        x = self.wte(idx)  # (B, T, d_model); the positions enter as rotations of q and k
+        x, rope = self.rope(self.wte(idx))  # (B, T, d_model); the positions enter as rotations of q and k
         for blk in self.blocks:
-            x = blk(x, rope=(self.cos[:T], self.sin[:T]))
+            x = blk(x, rope=rope)
         return self.lm_head(self.ln_f(x))  # (B, T, vocab_size)
 
 # %% ../nbs/14_inside.ipynb #bbb9636a
@@ -244,8 +236,7 @@ def head_costs(model, batch, probe, period: int) -> list[dict]:
     "`_measure` intact, then with each head zeroed and mean-ablated."
     with torch.no_grad(), record(model) as rec:
         model(batch[0])
-    intact = _measure(model, batch, probe, period)
-    rows = [dict(head=None, how="none", **intact)]
+    rows = [dict(head=None, how="none", **_measure(model, batch, probe, period))]  # intact
     for layer, outputs in enumerate(rec.heads):  # (B, T, n_heads, head_dim)
         for head in range(outputs.shape[2]):
             mean = outputs[:, :, head].mean((0, 1))  # (head_dim,)
@@ -286,7 +277,7 @@ def patch_heads(model, clean, corrupted, period: int) -> list[dict]:
 
 def circuit_test(model, seed=0, periods=(8, 16), period=12, batch_size=256):
     "head_costs and patch_heads on new inputs, for a trained AttentionOnly."
-    vocab_size, seq_len = model.lm_head.out_features, model.cos.shape[0]
+    vocab_size, seq_len = model.lm_head.out_features, model.rope.cos.shape[0]
     g = torch.Generator().manual_seed(20_000 + seed)
     batch = repeat_batch(batch_size, seq_len, vocab_size, periods, g)
     clean = repeated_tokens(batch_size, period, vocab_size, g)  # (B, 2 period)

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention import MultiHeadAttention
-from .options import choices_of
+from .options import check_choice, choices_of
 
 # %% ../nbs/05_blocks.ipynb #75472e75
 GeluKind = Literal["gelu", "gelu_tanh"]  # exact, or GPT-2's tanh approximation
@@ -33,8 +33,7 @@ class FeedForward(nn.Module):
         dropout: float = 0.0,
     ):
         super().__init__()
-        if activation not in choices_of(GeluKind):
-            raise ValueError(f"activation={activation!r} is not one of {choices_of(GeluKind)}")
+        check_choice("activation", activation, choices_of(GeluKind))
         d_ff = 4 * d_model if d_ff is None else d_ff  # GPT-2 widens by four
         self.activation = activation
         self.c_fc = nn.Linear(d_model, d_ff, bias=bias)  # rows: the "keys" of a key-value memory
@@ -92,20 +91,18 @@ FFNKind = Literal[GeluKind, "swiglu"]  # "gelu", "gelu_tanh", "swiglu"
 
 def make_norm(norm: NormKind, d_model: int, eps: float = 1e-5, bias: bool = True) -> nn.Module:
     "A LayerNorm (with or without bias; nn.LayerNorm takes bias=False since PyTorch 2.1) or an RMSNorm, by name."
-    if norm == "layernorm":
-        return nn.LayerNorm(d_model, eps=eps, bias=bias)
+    check_choice("norm", norm, choices_of(NormKind))
     if norm == "rmsnorm":
         return RMSNorm(d_model, eps=eps)
-    raise ValueError(f"norm={norm!r} is not one of {choices_of(NormKind)}")
+    return nn.LayerNorm(d_model, eps=eps, bias=bias)
 
 
 def make_ffn(ffn: FFNKind, d_model: int, d_ff: int | None = None, bias: bool = True, dropout: float = 0.0) -> nn.Module:
     "The feed-forward sublayer by name: 'gelu' or 'gelu_tanh' (FeedForward), 'swiglu' (SwiGLU)."
-    if ffn in choices_of(GeluKind):
-        return FeedForward(d_model, d_ff, activation=ffn, bias=bias, dropout=dropout)
+    check_choice("ffn", ffn, choices_of(FFNKind))
     if ffn == "swiglu":
         return SwiGLU(d_model, d_ff, bias=bias, dropout=dropout)
-    raise ValueError(f"ffn={ffn!r} is not one of {choices_of(FFNKind)}")
+    return FeedForward(d_model, d_ff, activation=ffn, bias=bias, dropout=dropout)
 
 # %% ../nbs/05_blocks.ipynb #ed47224e
 NormPosition = Literal["pre", "post"]
@@ -129,8 +126,7 @@ class Block(nn.Module):
         use_sdpa: bool = True,
     ):
         super().__init__()
-        if norm_position not in choices_of(NormPosition):
-            raise ValueError(f"norm_position={norm_position!r} is not one of {choices_of(NormPosition)}")
+        check_choice("norm_position", norm_position, choices_of(NormPosition))
         self.norm_position = norm_position
         self.ln_1 = make_norm(norm, d_model, norm_eps, bias)
         self.attn = MultiHeadAttention(d_model, n_heads, n_kv_heads, bias=bias, dropout=dropout, use_sdpa=use_sdpa)

@@ -13,7 +13,8 @@ import typing
 from typing import Any, Callable, Literal, Union
 
 # %% auto #0
-__all__ = ['option', 'field_types', 'split_optional', 'choices_of', 'OptionError', 'check_value', 'Options']
+__all__ = ['option', 'field_types', 'split_optional', 'choices_of', 'OptionError', 'check_value', 'Options', 'check_choice',
+           'check_even', 'check_rope_shapes', 'check_positions', 'check_heads']
 
 # %% ../nbs/A1_options.ipynb #84c99dfe
 class _NoDefault:
@@ -43,9 +44,8 @@ def option(
 ) -> Any:
     """A dataclass field with its help text and allowed range; without `default` or `default_factory` it is required.
 
-    `min`/`max` bound numbers (`min_open`/`max_open` exclude the bound itself); `why` is added to the error
-    message; `flag` renames the command-line flag (default: `--field-name`) and `metavar` names its value in the
-    help; `cli=False` gives it none. `absent` is what a saved config without this field means (see `from_dict`)."""
+    `min`/`max` bound numbers (`min_open`/`max_open`: excluded); `why` joins the error message; `flag`/`metavar` rename
+    the CLI flag/its value, `cli=False` gives none; `absent`: what a saved config without it means (`from_dict`)."""
     metadata = dict(help=help, min=min, max=max, min_open=min_open, max_open=max_open, why=why)
     metadata.update(flag=flag, metavar=metavar, cli=cli, absent=absent)
     default = dataclasses.MISSING if default is _NO_DEFAULT else default
@@ -182,3 +182,48 @@ def _from_json(hint, value):
     "Turn a JSON list back into a tuple where the field is a tuple."
     base, _ = split_optional(hint)
     return tuple(value) if (typing.get_origin(base) or base) is tuple and isinstance(value, list) else value
+
+# %% ../nbs/A1_options.ipynb #a1shape2
+def check_choice(name: str, value, choices: tuple) -> None:
+    "Refuse a `value` of `name` that is not one of `choices`."
+    if value not in choices:
+        raise ValueError(f"{name}={value!r} is not one of {choices}")
+
+
+def check_even(name: str, value: int) -> None:
+    "Refuse an odd `name`: sin/cos tables and RoPE work on pairs of dimensions."
+    if value % 2:
+        raise ValueError(f"{name}={value} is odd: sin/cos and RoPE work on pairs of dimensions, use an even {name}")
+
+
+def check_rope_shapes(x, cos, sin) -> None:
+    "Refuse RoPE tables (tensors or arrays) that are not (T, head_dim // 2) for x (..., T, head_dim)."
+    T, d = x.shape[-2], x.shape[-1]
+    if cos.shape != sin.shape or cos.shape[-1] * 2 != d or cos.shape[-2] != T:
+        raise ValueError(
+            f"cos and sin must be ({T}, {d // 2}) (x's T, head_dim // 2); got {tuple(cos.shape)}: slice the tables"
+        )
+
+
+def check_positions(start: int, T: int, max_seq_len: int) -> None:
+    "Refuse positions start..start+T-1 that a table of max_seq_len rows does not hold."
+    if T < 0 or start < 0 or start + T > max_seq_len:
+        raise ValueError(f"positions {start}..{start + T - 1} exceed max_seq_len={max_seq_len}: crop the context")
+
+
+def check_heads(d_model: int, n_heads: int, n_kv_heads: int | None) -> int:
+    "n_kv_heads (None: n_heads), once d_model splits into n_heads heads and n_heads into n_kv_heads groups."
+    n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+    if d_model % n_heads:
+        raise OptionError(
+            "d_model",
+            f"d_model={d_model} is not divisible by n_heads={n_heads}: each head gets d_model // n_heads features; "
+            f"pick n_heads dividing {d_model}",
+        )
+    if n_heads % n_kv_heads:
+        raise OptionError(
+            "n_kv_heads",
+            f"n_kv_heads={n_kv_heads} does not divide n_heads={n_heads}: each key/value head serves "
+            f"n_heads // n_kv_heads query heads; make n_kv_heads={n_kv_heads} a divisor of {n_heads}",
+        )
+    return n_kv_heads

@@ -13,7 +13,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from .options import choices_of
+from .options import check_choice, check_even, check_positions, check_rope_shapes, choices_of
 
 # %% ../nbs/04_positions.ipynb #9d39e9b4
 class LearnedPositions(nn.Module):
@@ -27,33 +27,17 @@ class LearnedPositions(nn.Module):
 
     def table(self, T: int, start: int = 0) -> torch.Tensor:
         "Rows start..start+T-1 of the table: (T, d_model)."
-        if T < 0 or start < 0 or start + T > self.max_seq_len:
-            raise ValueError(
-                f"positions {start}..{start + T - 1} exceed max_seq_len={self.max_seq_len}: crop the context"
-            )
+        check_positions(start, T, self.max_seq_len)
         return self.weight[start : start + T]  # (T, d_model)
 
     def forward(self, x: torch.Tensor, start: int = 0) -> tuple[torch.Tensor, None]:
         "x (..., T, d_model) at positions start..start+T-1, plus its rows; RoPE's tables: none."
         return x + self.table(x.shape[-2], start), None  # (..., T, d_model)
 
-# %% ../nbs/04_positions.ipynb #87486a07
-def _check_even(name: str, value: int):
-    if value % 2:
-        raise ValueError(f"{name}={value} is odd: sin/cos and RoPE work on pairs of dimensions, use an even {name}")
-
-
-def _check_rope_shapes(x, cos, sin):
-    T, d = x.shape[-2], x.shape[-1]
-    if cos.shape != sin.shape or cos.shape[-1] * 2 != d or cos.shape[-2] != T:
-        raise ValueError(
-            f"cos and sin must be ({T}, {d // 2}) (x's T, head_dim // 2); got {tuple(cos.shape)}: slice the tables"
-        )
-
 # %% ../nbs/04_positions.ipynb #9f9fb30d
 def sinusoidal_table(max_seq_len: int, d_model: int, base: float = 10000.0) -> torch.Tensor:
     "Fixed (max_seq_len, d_model) float32 table: PE[p, 2i] = sin(p / base^(2i/d_model)), PE[p, 2i+1] = cos(...)."
-    _check_even("d_model", d_model)
+    check_even("d_model", d_model)
     p = torch.arange(max_seq_len, dtype=torch.float64)[:, None]  # (T, 1)
     omega = base ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)  # (d_model/2,)
     angle = p * omega  # (T, d_model/2)
@@ -64,7 +48,7 @@ def rope_angles(
     max_seq_len: int, head_dim: int, base: float = 10000.0, device=None, dtype: torch.dtype = torch.float32
 ) -> tuple[torch.Tensor, torch.Tensor]:
     "(cos, sin), each (max_seq_len, head_dim // 2), of the angles p * base^(-2k / head_dim)."
-    _check_even("head_dim", head_dim)
+    check_even("head_dim", head_dim)
     # float64 on the CPU, then cast: exact angles at large p, and identical tables on every device
     p = torch.arange(max_seq_len, dtype=torch.float64)[:, None]  # (T, 1)
     theta = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)  # (head_dim/2,)
@@ -74,7 +58,7 @@ def rope_angles(
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     "Rotate each pair (2k, 2k+1) of x (..., T, head_dim) by the angle whose cos/sin are (T, head_dim//2)."
-    _check_rope_shapes(x, cos, sin)
+    check_rope_shapes(x, cos, sin)
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     x1, x2 = x[..., 0::2], x[..., 1::2]  # (..., T, head_dim/2) each
     return torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)  # (..., T, head_dim)
@@ -82,7 +66,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 # %% ../nbs/04_positions.ipynb #b54085ae
 def apply_rope_halves(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     "RoPE with split-halves pairing (k, k + head_dim/2), as in Hugging Face Llama."
-    _check_rope_shapes(x, cos, sin)
+    check_rope_shapes(x, cos, sin)
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     x1, x2 = x.chunk(2, dim=-1)  # (..., T, head_dim/2) each
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)  # (..., T, head_dim)
@@ -90,7 +74,7 @@ def apply_rope_halves(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> 
 
 def rope_halves_to_interleaved(head_dim: int) -> torch.Tensor:
     "Permutation of one head's features from split-halves to interleaved pairing. Example: 6 -> [0, 3, 1, 4, 2, 5]."
-    _check_even("head_dim", head_dim)
+    check_even("head_dim", head_dim)
     return torch.arange(head_dim).view(2, head_dim // 2).t().flatten()
 
 # %% ../nbs/04_positions.ipynb #980279b0
@@ -148,12 +132,11 @@ class NoPositions(nn.Module):
 def make_positions(config) -> nn.Module:
     "The position module `config.positions` names, sized by the config's max_seq_len, d_model, n_heads, rope_base."
     kind, max_seq_len, d_model = config.positions, config.max_seq_len, config.d_model
+    check_choice("positions", kind, choices_of(PositionKind))
     if kind == "learned":
         return LearnedPositions(max_seq_len, d_model)
     if kind == "sinusoidal":
         return SinusoidalPositions(max_seq_len, d_model)
     if kind == "rope":
         return RotaryPositions(max_seq_len, d_model // config.n_heads, config.rope_base)
-    if kind == "none":
-        return NoPositions()
-    raise ValueError(f"positions={kind!r} is not one of {choices_of(PositionKind)}")
+    return NoPositions()

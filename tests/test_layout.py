@@ -236,7 +236,7 @@ ALLOWED_IMPORTS = {
     "tokenizer": {"files", "adapters"},
     "adapters": set(),  # theirs (tiktoken, Hugging Face) wrapped in the few methods gptbook calls
     "positions": {"options"},
-    "attention": {"positions"},
+    "attention": {"options", "positions"},
     "layers": {"options", "attention"},
     "config": {"options", "layers", "positions", "files"},
     "model": {"attention", "config", "layers", "positions", "weights", "hf"},  # weights: GPT.from_hf; hf: save_hf

@@ -112,8 +112,7 @@ def _slots(words: str, **values) -> str:
 
 
 def widget(name: str, title: str, controls: list, figure: str, data: dict, script: str, css: str = "") -> Widget:
-    """Title, controls, Python's figure, the data as JSON, and `script`: a JS `function (root, data, ui)` returning
-    `draw(values)` (run at the start and on every change); in `css`, `#ID` stands for the widget's id."""
+    "One widget's HTML; `script`: a JS `function (root, data, ui)` returning `draw(values)`; `#ID` in `css`: its id."
     payload = _json_for_script(data)
     uid = f"gbw-{name}-" + hashlib.sha1("\0".join([title, payload, figure, script]).encode()).hexdigest()[:8]
     style = (_asset("shell.css") + css).replace("#ID", f"#{uid}").strip()
@@ -163,8 +162,7 @@ _HUES = range(0, 360, 15)  # the 24 hues of the BPE stepper's tokens
 
 
 def _token_hues(steps: list, merged: dict) -> dict:
-    """A hue per id, in order of appearance: of `_HUES`, the farthest from its neighbours' (side by side at a step, or
-    a merge and its parts) hues so far; among equals, the nearest to the golden angle (137.5 degrees a step)."""
+    "A hue per id, in order: of `_HUES`, the farthest from its neighbours' so far (ties: nearest the golden angle)."
     pairs = {p for _, ids in steps for p in zip(ids, ids[1:])} | {(m[2], x) for m in merged.values() for x in m[:2]}
     near = {}
     for a, b in (p for p in pairs if p[0] != p[1]):
@@ -266,8 +264,7 @@ def _sampling_figure(tokens: list, z: np.ndarray, rows: int, temperature: float,
 def sampling_lab(
     prompts: list, logits, tokens: list, rows: int = 12, title: str = "Sampling lab", temperature=0.8, top_p=0.9
 ) -> Widget:
-    """Temperature, top-k, top-p and min-p over the next-token `logits` (n_prompts, vocab_size) of `prompts`, applied
-    in the page as `gptbook.sample` does; a masked token (-inf, null in the JSON) stays removed."""
+    "Temperature, top-k, top-p and min-p sliders over `logits` (n_prompts, vocab_size), as `gptbook.sample` does."
     logits = np.asarray(logits, dtype=np.float64).round(5)  # what the page computes with (tests use the same)
     if not prompts or not tokens:
         raise ValueError(f"sampling_lab needs a prompt and a token, got {len(prompts)} prompts, {len(tokens)} tokens")
@@ -324,8 +321,7 @@ def attention_explorer(tokens: list, weights, query: int | None = None, title: s
     data = {"n_heads": H, "weights": _tril_rows(weights)}
     start = query * (query + 1) // 2
     row = [x / 1e4 for x in data["weights"][0][start : start + query + 1]]  # what the page shows: 4 decimals
-    layers, heads = [(i, str(i)) for i in range(L)], [(i, str(i)) for i in range(H)]  # numbered from 0, as in Python
-    controls = [choice("layer", "layer", layers), choice("head", "head", heads)]
+    controls = [choice(name, name, [(i, i) for i in range(n)]) for name, n in (("layer", L), ("head", H))]  # from 0
     best = row.index(max(row))  # the status line, for layer 0, head 0 and `query`
     words = (
         "Layer {layer}, head {head}: the token at position {query} ('{token}') puts {top} of its attention on "

@@ -8,6 +8,7 @@ __all__ = ['softmax', 'scaled_dot_product_attention', 'causal_mask', 'multi_head
 # %% ../../nbs/scratch/00_attention.ipynb #0ff50ec0
 import numpy as np
 
+from ..options import check_heads
 from . import positions as scratch_positions
 from .embedding import param
 
@@ -43,11 +44,7 @@ def multi_head_attention(
 ) -> np.ndarray:
     "Causal multi-head (grouped-query if n_kv_heads < n_heads) self-attention of x (B, T, d_model)."
     B, T, d_model = x.shape
-    n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
-    if d_model % n_heads or n_heads % n_kv_heads:
-        raise ValueError(
-            f"d_model={d_model} must be divisible by n_heads={n_heads}, and n_heads by n_kv_heads={n_kv_heads}"
-        )
+    n_kv_heads = check_heads(d_model, n_heads, n_kv_heads)
     head_dim = d_model // n_heads
     qkv = x @ param(params, "c_attn.weight").T  # (B, T, (n_heads + 2 n_kv_heads) head_dim)
     if "c_attn.bias" in params:

@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 
+from ..options import check_choice
 from .attention import multi_head_attention
 from .embedding import param, params_of
 
@@ -36,8 +37,7 @@ def linear(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndar
 
 def feed_forward(params: dict, x: np.ndarray, activation: str = "gelu_tanh") -> np.ndarray:
     "GPT-2's position-wise MLP on x (..., d_model), with the arrays of `FeedForward.state_dict()`."
-    if activation not in ("gelu", "gelu_tanh"):
-        raise ValueError(f"activation={activation!r} is not one of ('gelu', 'gelu_tanh')")
+    check_choice("activation", activation, ("gelu", "gelu_tanh"))
     act = gelu if activation == "gelu" else gelu_tanh
     h = act(linear(x, param(params, "c_fc.weight"), params.get("c_fc.bias")))  # (..., d_ff)
     return linear(h, param(params, "c_proj.weight"), params.get("c_proj.bias"))  # (..., d_model)
@@ -75,20 +75,18 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float = 1e-5) -> np.ndarray
 #| code-summary: "make_norm and make_ffn in NumPy: the function a sublayer computes, by name"
 def make_norm(params: dict, norm: str, eps: float = 1e-5):
     "NumPy twin of `gptbook.layers.make_norm`: the function x -> norm(x), with the arrays of the norm's state_dict."
-    if norm == "layernorm":
-        return lambda x: layer_norm(x, param(params, "weight"), params.get("bias"), eps)
+    check_choice("norm", norm, ("layernorm", "rmsnorm"))
     if norm == "rmsnorm":
         return lambda x: rms_norm(x, param(params, "weight"), eps)
-    raise ValueError(f"norm={norm!r} is not one of ('layernorm', 'rmsnorm')")
+    return lambda x: layer_norm(x, param(params, "weight"), params.get("bias"), eps)
 
 
 def make_ffn(params: dict, ffn: str):
     "NumPy twin of `gptbook.layers.make_ffn`: the function x -> FFN(x), with the arrays of the FFN's state_dict."
-    if ffn in ("gelu", "gelu_tanh"):
-        return functools.partial(feed_forward, params, activation=ffn)
+    check_choice("ffn", ffn, ("gelu", "gelu_tanh", "swiglu"))
     if ffn == "swiglu":
         return functools.partial(swiglu, params)
-    raise ValueError(f"ffn={ffn!r} is not one of ('gelu', 'gelu_tanh', 'swiglu')")
+    return functools.partial(feed_forward, params, activation=ffn)
 
 # %% ../../nbs/05_blocks.ipynb #d50ea5f1
 def block(
@@ -103,6 +101,7 @@ def block(
     rope=None,
 ) -> np.ndarray:
     "One transformer block on x (B, T, d_model), with the arrays of `Block.state_dict()`."
+    check_choice("norm_position", norm_position, ("pre", "post"))
     ln_1 = make_norm(params_of(params, "ln_1"), norm, norm_eps)
     ln_2 = make_norm(params_of(params, "ln_2"), norm, norm_eps)
     mlp = make_ffn(params_of(params, "mlp"), ffn)
@@ -113,7 +112,5 @@ def block(
     if norm_position == "pre":  # the stream x is only ever added to
         x = x + attn(ln_1(x))  # (B, T, d_model)
         return x + mlp(ln_2(x))
-    if norm_position == "post":  # normalize each sum
-        x = ln_1(x + attn(x))
-        return ln_2(x + mlp(x))
-    raise ValueError(f"norm_position={norm_position!r} is not one of ('pre', 'post')")
+    x = ln_1(x + attn(x))  # post: normalize each sum
+    return ln_2(x + mlp(x))

@@ -8,37 +8,21 @@ __all__ = ['learned_positions', 'sinusoidal_table', 'rope_angles', 'apply_rope',
 # %% ../../nbs/scratch/00_positions.ipynb #eaaf7ec2
 import numpy as np
 
+from ..options import check_choice, check_even, check_positions, check_rope_shapes
 from .embedding import param
 
 # %% ../../nbs/04_positions.ipynb #63bca665
 #| code-fold: true
 def learned_positions(table: np.ndarray, T: int, start: int = 0) -> np.ndarray:
     "Rows start..start+T-1 of a learned (max_seq_len, d_model) position table."
-    max_seq_len = table.shape[0]
-    if T < 0 or start < 0 or start + T > max_seq_len:
-        raise ValueError(
-            f"positions {start}..{start + T - 1} exceed max_seq_len={max_seq_len} (T={T}): crop the context"
-        )
+    check_positions(start, T, table.shape[0])
     return table[start : start + T]  # (T, d_model)
-
-# %% ../../nbs/04_positions.ipynb #e10520a2
-def _check_even(name: str, value: int):
-    if value % 2:
-        raise ValueError(f"{name}={value} is odd: sin/cos and RoPE work on pairs of dimensions, use an even {name}")
-
-
-def _check_rope_shapes(x, cos, sin):
-    T, d = x.shape[-2], x.shape[-1]
-    if cos.shape != sin.shape or cos.shape[-1] * 2 != d or cos.shape[-2] != T:
-        raise ValueError(
-            f"cos and sin must be ({T}, {d // 2}) (x's T, head_dim // 2); got {tuple(cos.shape)}: slice the tables"
-        )
 
 # %% ../../nbs/04_positions.ipynb #3d428cdb
 #| code-fold: true
 def sinusoidal_table(max_seq_len: int, d_model: int, base: float = 10000.0) -> np.ndarray:
     "Fixed (max_seq_len, d_model) float32 table: PE[p, 2i] = sin(p / base^(2i/d_model)), PE[p, 2i+1] = cos(...)."
-    _check_even("d_model", d_model)
+    check_even("d_model", d_model)
     p = np.arange(max_seq_len, dtype=np.float64)[:, None]  # (T, 1)
     omega = base ** (-np.arange(0, d_model, 2, dtype=np.float64) / d_model)  # (d_model/2,)
     angle = p * omega  # (T, d_model/2)
@@ -48,7 +32,7 @@ def sinusoidal_table(max_seq_len: int, d_model: int, base: float = 10000.0) -> n
 #| code-fold: true
 def rope_angles(max_seq_len: int, head_dim: int, base: float = 10000.0, dtype=np.float32):
     "(cos, sin), each (max_seq_len, head_dim // 2), of the angles p * base^(-2k / head_dim)."
-    _check_even("head_dim", head_dim)
+    check_even("head_dim", head_dim)
     p = np.arange(max_seq_len, dtype=np.float64)[:, None]  # (T, 1)
     theta = base ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)  # (head_dim/2,)
     angle = p * theta  # (T, head_dim/2)
@@ -57,7 +41,7 @@ def rope_angles(max_seq_len: int, head_dim: int, base: float = 10000.0, dtype=np
 
 def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     "Rotate each pair (2k, 2k+1) of x (..., T, head_dim) by the angle whose cos/sin are (T, head_dim//2)."
-    _check_rope_shapes(x, cos, sin)
+    check_rope_shapes(x, cos, sin)
     cos, sin = cos.astype(x.dtype), sin.astype(x.dtype)
     x1, x2 = x[..., 0::2], x[..., 1::2]  # (..., T, head_dim/2) each: the two members of every pair
     return np.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1).reshape(x.shape)  # pairs interleaved again
@@ -66,7 +50,7 @@ def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
 #| code-fold: true
 def apply_rope_halves(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     "RoPE with split-halves pairing (k, k + head_dim/2), as in Hugging Face Llama."
-    _check_rope_shapes(x, cos, sin)
+    check_rope_shapes(x, cos, sin)
     cos, sin = cos.astype(x.dtype), sin.astype(x.dtype)
     h = x.shape[-1] // 2
     x1, x2 = x[..., :h], x[..., h:]  # pair k is (x1[k], x2[k])
@@ -75,7 +59,7 @@ def apply_rope_halves(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.nda
 
 def rope_halves_to_interleaved(head_dim: int) -> np.ndarray:
     "Permutation of one head's features from split-halves to interleaved pairing. Example: 6 -> [0, 3, 1, 4, 2, 5]."
-    _check_even("head_dim", head_dim)
+    check_even("head_dim", head_dim)
     return np.arange(head_dim).reshape(2, head_dim // 2).T.reshape(-1)
 
 # %% ../../nbs/04_positions.ipynb #22aded5c
@@ -83,8 +67,7 @@ def rope_halves_to_interleaved(head_dim: int) -> np.ndarray:
 def make_positions(params: dict, config):
     "NumPy twin of `gptbook.positions.make_positions`: a function (x, start=0) -> (x with positions, RoPE or None)."
     kind = config.positions
-    if kind not in ("learned", "sinusoidal", "rope", "none"):
-        raise ValueError(f"positions={kind!r} is not one of ('learned', 'sinusoidal', 'rope', 'none')")
+    check_choice("positions", kind, ("learned", "sinusoidal", "rope", "none"))
 
     def positions(x, start=0):
         T, d_model = x.shape[-2:]
