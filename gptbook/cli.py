@@ -314,7 +314,8 @@ def _eval(args) -> int:
     if not 1 <= args.pass_k <= args.samples:
         raise ValueError(f"--pass-k {args.pass_k} needs as many --samples at least (now {args.samples}), and K >= 1")
     model, tokenizer = _model_to_sample(args)
-    lines = (_eval_text(args, model, tokenizer) if args.data else []) + (_eval_task(args, model, tokenizer) or [])
+    lines = _eval_text(args, model, tokenizer) if args.data else []
+    lines += _eval_task(args, model, tokenizer) if args.task else []
     print("\n".join(lines))
     if args.report:
         with atomic_write(args.report) as f:
@@ -340,10 +341,8 @@ def _eval_text(args, model, tokenizer) -> list[str]:
     ]
 
 
-def _eval_task(args, model, tokenizer) -> list[str] | None:
+def _eval_task(args, model, tokenizer) -> list[str]:
     "Exact match and pass@k on --task's test items, with 95% bootstrap intervals."
-    if not args.task:
-        return None
     scores = task_scores(model, tokenizer, args.task, args.n_test, args.samples, args.pass_k)
     out = []
     for name, s in scores.items():
@@ -426,7 +425,7 @@ def build_parser(command: str | None = None, preset: str | None = None) -> argpa
         description="Continue a prompt with the model of a checkpoint, a Hugging Face model or a nanoGPT one.",
     )
     s.set_defaults(func=_sample, flags=_add_sample_args(s))
-    e = sub.add_parser("eval", help="score a model on a text file", description="Loss, perplexity, bits per character.")
+    e = sub.add_parser("eval", help="score a model on a text file or a task", description="Bits per byte, exact match.")
     e.set_defaults(func=_eval)
     _add_eval_args(e)
     tk = sub.add_parser("tokenizer", help="train a BPE tokenizer", description="Tokenizer tools.")

@@ -67,28 +67,31 @@ class RLData(ChatData):
     "A task for RL: fresh training questions to sample answers to, and conversations to evaluate on."
 
     items: list = field(default_factory=list)  # the (question, answer) pairs that rollouts sample answers to
-    group_size: int = 8
     reference: nn.Module | None = None  # the model RL started from, for the KL
     seen: list = field(default_factory=list)  # the rollouts' numbers since the last record
 
     def rollout(self, trainer) -> tuple:
-        "A step's batch: `group_size` answers sampled by the policy for each of batch_size / group_size questions."
-        g, n = trainer.batch_generator, max(1, trainer.cfg.batch_size // self.group_size)
-        items = [self.items[i] for i in torch.randint(0, len(self.items), (n,), generator=g).tolist()]
-        model = trainer.model.eval()
-        prompts, answers, rewards = rollouts(model, self.tokenizer, items, self.group_size, g)
-        model.train()
+        "A step's batch: `cfg.group_size` answers sampled by the policy for each of batch_size / group_size questions."
+        g, group = trainer.batch_generator, trainer.cfg.group_size
+        pick = torch.randint(0, len(self.items), (max(1, trainer.cfg.batch_size // group),), generator=g)
+        items = [self.items[i] for i in pick.tolist()]
+        prompts, answers, rewards = rollouts(trainer.model.eval(), self.tokenizer, items, group, g)
+        trainer.model.train()
         x, y = (t.to(trainer.device) for t in answer_rows(prompts, answers))
         with torch.no_grad():
-            kl = kl_per_token(token_logp(model(x), y), token_logp(self.reference(x), y), y)
+            ref_logp = token_logp(self.reference(x), y)  # for the KL, which `loss` takes from the step's own logits
         n_tokens = sum(map(len, answers)) / len(answers)
         self.seen.append({"reward": rewards.mean().item(), "pass_rate": rewards.amax(1).mean().item()})
-        self.seen[-1] |= {"answer_tokens": n_tokens, "kl": kl}
-        return x, (y, group_advantages(rewards).flatten().to(trainer.device))
+        self.seen[-1]["answer_tokens"] = n_tokens
+        return x, (y, group_advantages(rewards).flatten().to(trainer.device), ref_logp)
 
     def loss(self, logits, y):
-        "The policy loss on a rollout's batch; the fine-tuning loss on conversations (evaluations)."
-        return policy_loss(logits, *y) if isinstance(y, tuple) else lm_loss(logits, y)
+        "The policy loss on a rollout's batch, noting its KL from the reference; the fine-tuning loss on conversations."
+        if not isinstance(y, tuple):  # an evaluation's conversation rows
+            return lm_loss(logits, y)
+        targets, advantages, ref_logp = y
+        self.seen[-1]["kl"] = kl_per_token(token_logp(logits.detach(), targets), ref_logp, targets)
+        return policy_loss(logits, targets, advantages)
 
     def stats(self) -> dict:
         "The means of the rollouts' numbers since the last call."
@@ -115,7 +118,7 @@ def bits_per_byte(nats: float, text: str) -> float:
     "A negative log-likelihood summed over `text` (in nats), as bits per UTF-8 byte of it."
     return nats / math.log(2) / len(text.encode())
 
-
+# %% ../nbs/17_reward.ipynb #c17eval03b
 def pass_at_k(n: int, c: int, k: int) -> float:
     "The unbiased estimate of pass@k from `n` samples of which `c` are right: 1 - C(n - c, k) / C(n, k)."
     if not (0 <= c <= n and 1 <= k <= n):

@@ -170,3 +170,10 @@ def test_eval_task_prints_exact_match_and_pass_at_k_and_writes_a_report(chat_run
     for bad, says in [(["--samples", "2", "--pass-k", "3"], "--pass-k 3"), ([], "--data FILE")]:
         status, _, err = call(capsys, "eval", chat_run, *(["--task", "reverse"] if bad else []), *bad)
         assert status != 0 and says in err
+
+
+def test_rl_steps_sample_group_size_answers_to_each_question(chat_run, tmp_path):
+    trainer = rl(tmp_path / "groups", chat_run, max_iters=1, batch_size=6, group_size=3)
+    x, (y, advantages, ref_logp) = trainer.data.rollout(trainer)
+    assert x.shape[0] == y.shape[0] == ref_logp.shape[0] == 6  # two questions, three answers each
+    assert advantages.view(2, 3).sum(1).abs().max() < 1e-5  # each group centred on its own mean
