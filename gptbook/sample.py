@@ -12,9 +12,8 @@ from collections.abc import Iterator
 
 import torch
 
-from .adapters import TokenizerAdapter, as_tokenizer
+from .adapters import as_tokenizer
 from .options import OptionError, Options, option
-from .tokenizer import BPETokenizer
 
 # %% auto #0
 __all__ = ['SamplingConfig', 'apply_temperature', 'top_k_filter', 'top_p_filter', 'min_p_filter', 'filter_logits',
@@ -255,52 +254,29 @@ def pad_prompts(prompts, pad_id: int = 0, device=None) -> tuple[torch.Tensor, to
     return idx, mask
 
 # %% ../nbs/09_sampling.ipynb #efefb07c
-def _collect_new_tokens(steps, prompt_left, max_new_tokens: int, stop: tuple[int, ...] | None):
-    "Each row's new tokens (B, up to max_new_tokens) and how many it got (B,): fewer once it made a stop token."
-    B, device = prompt_left.size(0), prompt_left.device
-    stop_ids = torch.tensor(stop or (), dtype=torch.long, device=device)
-    new = torch.zeros((B, min(max_new_tokens, 1024)), dtype=torch.long, device=device)  # doubled as tokens come
-    n_new = torch.zeros(B, dtype=torch.long, device=device)  # new tokens so far, per row
-    finished = torch.zeros(B, dtype=torch.bool, device=device)  # produced a stop token
-    rows = torch.arange(B, device=device)
+def _new_tokens(steps, prompt_left, max_new_tokens: int, stop: tuple[int, ...] | None) -> torch.Tensor:
+    "Each row's new tokens (B, N), a stop token repeated after it; N: the longest row (all rows may stop early)."
+    stop_ids = torch.tensor(stop or (), dtype=torch.long, device=prompt_left.device)
+    tokens, end = [], prompt_left + max_new_tokens  # (B,) the step after each row's last new token
     for s, (tok, _) in enumerate(steps):
-        if new.size(1) < min(s + 1, max_new_tokens):  # a row gains at most one token per step
-            new = torch.cat([new, torch.zeros_like(new)], 1)[:, :max_new_tokens]
-        active = (s >= prompt_left) & (n_new < max_new_tokens) & ~finished  # (B,) past its prompt, still going
-        new[rows[active], n_new[active]] = tok[active]
-        n_new += active.long()
-        finished |= active & torch.isin(tok, stop_ids)
-        if bool((finished | (n_new == max_new_tokens)).all()):
+        tokens.append(tok)
+        end = torch.where((s >= prompt_left) & (s < end) & torch.isin(tok, stop_ids), s + 1, end)  # a stop ends a row
+        if bool((end <= s + 1).all()):
             break
-    return new, n_new
-
-
-def _fill_after_stop(new, n_new):
-    "Repeat each row's last new token (its stop token) after it, and cut to the longest row. (B, N) -> (B, max n_new)"
-    last = new.gather(1, (n_new - 1).clamp(min=0)[:, None])  # (B, 1) each row's last new token
-    after = torch.arange(new.size(1), device=new.device)[None, :] >= n_new[:, None]  # (B, N)
-    return torch.where(after, last, new)[:, : int(n_new.max())]
+    n_new = end - prompt_left  # (B,) at least 1
+    cols = prompt_left[:, None] + torch.minimum(torch.arange(int(n_new.max()), device=end.device), n_new[:, None] - 1)
+    return torch.stack(tokens, 1).gather(1, cols)  # (B, N)
 
 # %% ../nbs/09_sampling.ipynb #5e593efd
-def _prompt_lengths(idx, attention_mask):
-    "Number of real tokens in each row of a left-padded batch (B,)."
-    if attention_mask is None:
-        return torch.full((idx.size(0),), idx.size(1), dtype=torch.long, device=idx.device)
-    m = torch.as_tensor(attention_mask, device=idx.device).long()  # (B, T)
+def _left_align(idx, attention_mask):
+    "A left-padded batch with each prompt moved to the left: (tokens, is_prompt) (B, T), and prompt lengths (B,)."
+    T = idx.size(1)
+    m = torch.ones_like(idx) if attention_mask is None else torch.as_tensor(attention_mask, device=idx.device).long()
     if m.shape != idx.shape or not (((m == 0) | (m == 1)).all() and (m[:, 1:] >= m[:, :-1]).all() and m[:, -1].all()):
         raise ValueError(f"attention_mask must have idx's shape {tuple(idx.shape)} and be left padding (pad_prompts)")
-    return m.sum(1)
-
-
-def _left_align(idx, lengths):
-    "Each row's first `shortest` real tokens (B, shortest), and the rest of its prompt to force: (tokens, mask) (B, S)."
-    T = idx.size(1)
-    shortest, longest = int(lengths.min()), int(lengths.max())
-    start = (T - lengths)[:, None]  # (B, 1) column of each row's first real token
-    seq = idx.gather(1, start + torch.arange(shortest, device=idx.device))  # (B, shortest)
-    cols = start + shortest + torch.arange(longest - shortest, device=idx.device)  # (B, S), S = longest - shortest
-    forced_mask = cols < T  # (B, S) True while the row still has prompt tokens
-    return seq, (idx.gather(1, cols.clamp(max=T - 1)), forced_mask)
+    lengths = m.sum(1)  # (B,) real tokens per row
+    cols = (T - lengths)[:, None] + torch.arange(T, device=idx.device)  # (B, T) each row's first real token first
+    return idx.gather(1, cols.clamp(max=T - 1)), cols < T, lengths
 
 # %% ../nbs/09_sampling.ipynb #268243d4
 def generate(
@@ -321,33 +297,27 @@ def generate(
     if config.stop_strings is not None:
         raise OptionError("stop_strings", "generate sees token ids only: give stop, or use stream() for stop_strings")
     _check_call(model, idx, config)
-    lengths = _prompt_lengths(idx, attention_mask)  # (B,)
+    aligned, is_prompt, lengths = _left_align(idx, attention_mask)  # (B, T), (B, T), (B,)
     if config.max_new_tokens == 0:
         return idx.clone()
-    seq, forced = _left_align(idx, lengths)  # all rows start at position 0 with the shortest prompt's length
-    steps = _token_loop(model, seq, forced[0].size(1) + config.max_new_tokens, config, generator, forced)
-    new, n_new = _collect_new_tokens(steps, lengths - seq.size(1), config.max_new_tokens, config.stop)
-    return torch.cat([idx, _fill_after_stop(new, n_new)], dim=1)  # (B, T + longest row)
+    k = int(lengths.min())  # all rows start at position 0 with the shortest prompt; the rest of each is forced
+    forced = (aligned[:, k:], is_prompt[:, k:])
+    steps = _token_loop(model, aligned[:, :k], idx.size(1) - k + config.max_new_tokens, config, generator, forced)
+    return torch.cat([idx, _new_tokens(steps, lengths - k, config.max_new_tokens, config.stop)], dim=1)  # (B, T + N)
 
 # %% ../nbs/09_sampling.ipynb #fd59a146
-def _token_bytes(tokenizer, token_id: int) -> bytes | None:
-    "The bytes of one token, where the tokenizer (as `as_tokenizer` returns it) spells tokens in bytes; else None."
-    if isinstance(tokenizer, BPETokenizer):
-        return tokenizer.vocab[token_id]
-    return tokenizer.token_bytes(token_id) if isinstance(tokenizer, TokenizerAdapter) else None
-
-
 class TextDecoder:
     "Token ids in, new text out, never half a character: by each token's bytes where it has them, else prefix diffs."
 
     def __init__(self, tokenizer):
-        self.tokenizer, self.by_bytes = tokenizer, None  # by_bytes: decided at the first token
+        self.tokenizer = tokenizer
+        self.by_bytes = None if hasattr(tokenizer, "token_bytes") else False  # None: decided at the first token
         self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.ids, self.start, self.read = [], 0, 0  # the window is ids[start:]; ids[start:read] was yielded
 
     def add(self, token_id: int) -> str:
         "The text that token `token_id` completes (often all of it; '' while a character is unfinished)."
-        b = _token_bytes(self.tokenizer, token_id) if self.by_bytes is not False else None
+        b = self.tokenizer.token_bytes(token_id) if self.by_bytes is not False else None  # None: not byte-level
         if self.by_bytes is None:
             self.by_bytes = b is not None
         if self.by_bytes:

@@ -539,6 +539,10 @@ class BPETokenizer:
                 pass  # to the slow path: it names the bad id (a float, a bool, one outside the vocabulary)
         return b"".join(vocab[_token_id(i, self.vocab_size, "in this tokenizer's vocabulary", vocab)] for i in ids)
 
+    def token_bytes(self, token_id: int) -> bytes:
+        "The bytes of one token (as `TokenizerAdapter.token_bytes`, for streaming)."
+        return self.vocab[token_id]
+
     def decode(self, ids, errors: str = "replace") -> str:
         "The text of `ids`; bytes that are not valid UTF-8 (a token cut inside a character) become '\ufffd'."
         return self.decode_bytes(ids).decode("utf-8", errors=errors)
