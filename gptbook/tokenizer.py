@@ -31,19 +31,18 @@ def _check_text(text, caller: str) -> None:
         raise TypeError(f"{caller} expects a str, got {type(text).__name__}{fix}")
 
 
-def _plain_ids(ids) -> tuple[list, bool]:
-    "`ids` as a list (arrays and tensors through `tolist`), and whether all are plain ints (floats hash like ints)."
-    return (ids := ids.tolist() if hasattr(ids, "tolist") else list(ids)), set(map(type, ids)) <= {int}
-
-
-def _token_id(i, vocab_size: int, what: str, known=None) -> int:
-    "`i` as an id: a TypeError for a float, bool or string; a ValueError outside 0..vocab_size-1 or `known`."
-    if isinstance(i, bool) or not hasattr(type(i), "__index__"):
-        raise TypeError(f"token ids must be integers, got {i!r} ({type(i).__name__})")
-    i = operator.index(i)
-    if not 0 <= i < vocab_size or (known is not None and i not in known):
-        raise ValueError(f"id {i} is not {what} (vocab_size is {vocab_size}, ids are 0..{vocab_size - 1})")
-    return i
+def _checked_ids(ids, known, what: str) -> list[int]:
+    "`ids` (arrays and tensors through `tolist`) as a list of ints in `known`; a float, bool or unknown id is named."
+    ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
+    if set(map(type, ids)) <= {int} and all(map(known.__contains__, set(ids))):  # (floats hash like ints: no 1.0)
+        return ids
+    for i in ids:
+        if isinstance(i, bool) or not hasattr(type(i), "__index__"):
+            raise TypeError(f"token ids must be integers, got {i!r} ({type(i).__name__})")
+        if operator.index(i) not in known:
+            n = max(known) + 1
+            raise ValueError(f"id {i} is not {what} (vocab_size is {n}, ids are 0..{n - 1})")
+    return [operator.index(i) for i in ids]
 
 
 _KINDS = {"char": "CharTokenizer", "bpe": "BPETokenizer"}
@@ -91,10 +90,8 @@ class CharTokenizer:
 
     def decode(self, ids) -> str:
         "The characters of `ids`, joined; an id that is not an integer in 0..vocab_size-1 is an error that names it."
-        (ids, plain), chars = _plain_ids(ids), self.chars
-        if plain and (not ids or 0 <= min(ids) <= max(ids) < len(chars)):
-            return "".join([chars[i] for i in ids])
-        return "".join(chars[_token_id(i, len(chars), "a valid CharTokenizer id")] for i in ids)
+        chars = self.chars
+        return "".join([chars[i] for i in _checked_ids(ids, range(len(chars)), "a valid CharTokenizer id")])
 
     def save(self, path):
         'Write `{"type": "char", "chars": [...]}` as UTF-8 JSON, atomically (never half a file).'
@@ -377,16 +374,18 @@ def apply_merges(data: bytes, merges: dict) -> list[int]:
 
 # %% ../nbs/01_tokenizer.ipynb #e4a9d3b1
 def _merge_table(merges) -> tuple[dict, dict]:
-    "Checked `{pair: new_id}` and `{id: bytes}` from merges given as `{pair: new_id}` or as pairs in merge order."
+    "Checked `{pair: new_id}` and `{id: bytes}` from `{pair: new_id}`, or pairs or `[a, b, text]` in merge order."
     if isinstance(merges, dict) and list(merges.values()) != list(range(256, 256 + len(merges))):
         raise ValueError(f"merges must create ids 256, 257, ... in order, got {list(merges.values())[:5]} ...")
     table, vocab = {}, {i: bytes([i]) for i in range(256)}
-    for new_id, pair in enumerate(merges, start=256):
-        pair = tuple(pair) if isinstance(pair, (list, tuple)) else (pair,)
+    for new_id, merge in enumerate(merges, start=256):
+        pair = tuple(merge[:2]) if isinstance(merge, (list, tuple)) else (merge,)
         if len(pair) != 2 or any(type(t) is not int or not 0 <= t < new_id for t in pair):
-            raise ValueError(f"merge {new_id - 256} is {pair!r}, not a pair of existing ids (0..{new_id - 1})")
+            raise ValueError(f"merge {new_id - 256} is {merge!r}, not a pair of existing ids (0..{new_id - 1})")
         table[pair] = new_id
         vocab[new_id] = vocab[pair[0]] + vocab[pair[1]]
+        if merge[2:] and merge[2] != (made := vocab[new_id].decode("utf-8", "backslashreplace")):  # a file's text
+            raise ValueError(f"merge {new_id - 256} {merge!r} says {merge[2]!r}, but its ids make {made!r}")
     return table, vocab
 
 
@@ -416,21 +415,6 @@ def _special_ids(special_tokens, first_id: int, taken) -> dict:
     if clash is not None:
         raise ValueError(f"special token {clash!r} has id {specials[clash]}, which a token or another special has")
     return dict(sorted(specials.items(), key=lambda item: item[1]))
-
-
-def _allowed_specials(text: str, specials: dict, allowed_special, disallowed_special) -> set:
-    "The special tokens `encode` makes ids of; one in `text` but not allowed is an error (tiktoken's rule)."
-    _check_text(text, "encode")
-    allowed = set(specials) if allowed_special == "all" else set(allowed_special) & set(specials)  # as tiktoken
-    disallowed = set(specials) - allowed if disallowed_special == "all" else set(disallowed_special)
-    found = regex.search(_alternation(disallowed), text) if disallowed else None
-    if found:
-        raise ValueError(
-            f"the text contains the special token {found.group()!r} at position {found.start()}; pass "
-            f"allowed_special={{{found.group()!r}}} to encode it as its special id, or "
-            "disallowed_special=() (or encode_ordinary) to encode it as plain text"
-        )
-    return allowed
 
 
 def _alternation(strings) -> str:
@@ -520,7 +504,16 @@ class BPETokenizer:
 
     def encode(self, text: str, allowed_special=(), disallowed_special="all") -> list[int]:
         'Ids of `text` by tiktoken\'s rules: a special token in the text raises unless in `allowed_special` (or "all").'
-        allowed = _allowed_specials(text, self.special_tokens, allowed_special, disallowed_special)
+        _check_text(text, "encode")
+        specials = set(self.special_tokens)
+        allowed = specials if allowed_special == "all" else set(allowed_special) & specials  # as tiktoken
+        disallowed = specials - allowed if disallowed_special == "all" else set(disallowed_special)
+        if disallowed and (found := regex.search(_alternation(disallowed), text)):
+            raise ValueError(
+                f"the text contains the special token {found.group()!r} at position {found.start()}; pass "
+                f"allowed_special={{{found.group()!r}}} to encode it as its special id, or "
+                "disallowed_special=() (or encode_ordinary) to encode it as plain text"
+            )
         pieces = regex.split(f"({_alternation(allowed)})", text) if allowed else [text]
         out = []
         for k, piece in enumerate(pieces):  # text, special, text, ..., text
@@ -531,13 +524,8 @@ class BPETokenizer:
         "The bytes of `ids`, concatenated (may end in the middle of a UTF-8 character)."
         if isinstance(ids, (int, str, bytes)) or getattr(ids, "ndim", 1) == 0:
             raise TypeError(f"decode expects a sequence of ids, got {ids!r}; for one id use decode([id])")
-        (ids, plain), vocab = _plain_ids(ids), self.vocab
-        if plain:
-            try:
-                return b"".join([vocab[i] for i in ids])
-            except KeyError:
-                pass  # to the slow path: it names the bad id (a float, a bool, one outside the vocabulary)
-        return b"".join(vocab[_token_id(i, self.vocab_size, "in this tokenizer's vocabulary", vocab)] for i in ids)
+        vocab = self.vocab
+        return b"".join([vocab[i] for i in _checked_ids(ids, vocab, "in this tokenizer's vocabulary")])
 
     def token_bytes(self, token_id: int) -> bytes:
         "The bytes of one token (as `TokenizerAdapter.token_bytes`, for streaming)."
@@ -560,14 +548,7 @@ class BPETokenizer:
     def load(cls, path) -> BPETokenizer:
         "Read a file written by `save`; the text of each merge must agree with its ids."
         c = _read_tokenizer_file(path, "bpe")
-        tok = built_from(
-            path, lambda: cls([m[:2] for m in c["merges"]], c.get("pattern"), c.get("special_tokens"), c.get("ids"))
-        )
-        for i, m in enumerate(c["merges"]):
-            made = tok._bytes[256 + i].decode("utf-8", "backslashreplace")  # the file's `text`, with \xNN escapes
-            if m[2:] and m[2] != made:
-                raise ValueError(f"{path}: merge {i} {m!r} says {m[2]!r}, but ids {m[0]} and {m[1]} make {made!r}")
-        return tok
+        return built_from(path, lambda: cls(c["merges"], c.get("pattern"), c.get("special_tokens"), c.get("ids")))
 
     @classmethod
     def from_tiktoken(cls, encoding) -> BPETokenizer:
