@@ -24,11 +24,19 @@ __all__ = ['GPT2_PATTERN', 'CharTokenizer', 'count_pairs', 'merge_pair', 'train_
 
 # %% ../nbs/01_tokenizer.ipynb #09a6926b
 #| code-fold: true
-def _check_text(text, caller: str) -> None:
-    "A tokenizer's one input check: `text` is a `str` (bytes get a hint to decode them)."
+def _check_text(text, caller: str, utf8: bool = False) -> None:
+    "A tokenizer's one input check: `text` is a `str` (bytes get a hint to decode them), with UTF-8 bytes if `utf8`."
     if not isinstance(text, str):
         fix = "; decode it first, e.g. data.decode('utf-8')" if isinstance(text, (bytes, bytearray)) else ""
         raise TypeError(f"{caller} expects a str, got {type(text).__name__}{fix}")
+    try:
+        if utf8:
+            text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(
+            f"the text contains a lone surrogate {text[e.start]!r} at position {e.start}: it is not a valid Unicode "
+            "character and has no UTF-8 bytes; clean the text first, e.g. text.encode('utf-8', 'replace').decode()"
+        ) from None
 
 
 def _checked_ids(ids, known, what: str) -> list[int]:
@@ -407,27 +415,16 @@ def _special_ids(special_tokens, first_id: int, taken) -> dict:
         raise TypeError(f"special_tokens must be a dict {{text: id}} or a list of strings, got {special_tokens!r:.60}")
     listed = special_tokens if isinstance(special_tokens, dict) else list(special_tokens)
     specials = listed if isinstance(listed, dict) else {s: first_id + i for i, s in enumerate(listed)}
-    bad = next((s for s, t in specials.items() if not isinstance(s, str) or not s or type(t) is not int), None)
-    if bad is not None or len(specials) < len(listed):
-        raise ValueError(f"special tokens must be distinct non-empty strings with integer ids, got {listed!r:.80}")
     ids = list(specials.values())
-    clash = next((s for s, t in specials.items() if t < 0 or t in taken or ids.count(t) > 1), None)
-    if clash is not None:
-        raise ValueError(f"special token {clash!r} has id {specials[clash]}, which a token or another special has")
+    bad = [s for s, t in specials.items() if not (isinstance(s, str) and s and type(t) is int and t >= 0)]
+    if bad or len(specials) < len(listed) or any(t in taken or ids.count(t) > 1 for t in ids):
+        raise ValueError(f"special tokens must be distinct non-empty strings with int ids no token has: {listed!r:.80}")
     return dict(sorted(specials.items(), key=lambda item: item[1]))
 
 
 def _alternation(strings) -> str:
     "A regex matching any of `strings`, longest first (so that a special token never hides a longer one)."
     return "|".join(regex.escape(s) for s in sorted(strings, key=len, reverse=True))
-
-
-def _surrogate_message(text: str) -> str:
-    i = next((i for i, c in enumerate(text) if 0xD800 <= ord(c) <= 0xDFFF), None)
-    return (
-        f"the text contains a lone surrogate {text[i]!r} at position {i}: it is not a valid Unicode character "
-        "and has no UTF-8 bytes; clean the text first, e.g. text.encode('utf-8', 'replace').decode()"
-    )
 
 
 class _ChunkCache(dict):
@@ -465,16 +462,12 @@ class BPETokenizer:
     @classmethod
     def train(cls, text: str, vocab_size: int, pattern: str | None = None, special_tokens=None) -> BPETokenizer:
         "Learn merges from `text` up to `vocab_size` ids (bytes, merges, specials); `pattern=None`: no pre-tokenizing."
-        _check_text(text, "BPETokenizer.train")
+        _check_text(text, "BPETokenizer.train", utf8=True)
         specials = list(special_tokens or [])
         _check_vocab_size(vocab_size, len(specials))
         n_merges = vocab_size - 256 - len(specials)
         chunks = Counter([text] if pattern is None else pretokenize(text, pattern))  # distinct chunk -> occurrences
-        try:
-            weighted = [(chunk.encode("utf-8"), n) for chunk, n in chunks.items()]
-        except UnicodeEncodeError:
-            raise ValueError(_surrogate_message(text)) from None
-        pairs, counts = bpe_merges(weighted, n_merges)
+        pairs, counts = bpe_merges([(chunk.encode("utf-8"), n) for chunk, n in chunks.items()], n_merges)
         if len(pairs) < n_merges:
             warnings.warn(
                 f"the training text ran out of pairs after {len(pairs)} merges: the vocabulary has "
@@ -491,16 +484,13 @@ class BPETokenizer:
 
     def encode_ordinary(self, text: str) -> list[int]:
         "Ids of `text`; special-token strings are treated as plain text."
-        _check_text(text, "encode")
-        try:
-            if self._pat is None:
-                ids = apply_merges(text.encode("utf-8"), self.merges)
-                return ids if self.ids is None else [self.ids[i] for i in ids]
-            if len(self._cache) > self.cache_limit:
-                self._cache = _ChunkCache(self.merges, self._bytes, self.ids)
-            return list(chain.from_iterable(map(self._cache.__getitem__, pretokenize(text, self._pat))))
-        except UnicodeEncodeError:
-            raise ValueError(_surrogate_message(text)) from None
+        _check_text(text, "encode", utf8=True)
+        if self._pat is None:
+            ids = apply_merges(text.encode("utf-8"), self.merges)
+            return ids if self.ids is None else [self.ids[i] for i in ids]
+        if len(self._cache) > self.cache_limit:
+            self._cache = _ChunkCache(self.merges, self._bytes, self.ids)
+        return list(chain.from_iterable(map(self._cache.__getitem__, pretokenize(text, self._pat))))
 
     def encode(self, text: str, allowed_special=(), disallowed_special="all") -> list[int]:
         'Ids of `text` by tiktoken\'s rules: a special token in the text raises unless in `allowed_special` (or "all").'
