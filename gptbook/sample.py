@@ -150,10 +150,8 @@ def sample_next_token(logits, temperature=1.0, top_k=None, top_p=None, min_p=Non
         return logits.argmax(-1)  # greedy: no randomness, and the generator is not advanced
     z = filter_logits(logits, temperature, top_k, top_p, min_p)  # (B, V)
     probs = z.to(torch.promote_types(z.dtype, torch.float32)).softmax(-1)  # (B, V) at least float32
-    if generator is not None and generator.device != probs.device:
-        # Draw on the generator's device, so that a seed gives the same tokens on CPU and GPU.
-        return torch.multinomial(probs.to(generator.device), 1, generator=generator).squeeze(-1).to(probs.device)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # (B,)
+    on = probs.device if generator is None else generator.device  # a seed draws the same tokens on CPU and GPU
+    return torch.multinomial(probs.to(on), 1, generator=generator).squeeze(-1).to(probs.device)  # (B,)
 
 # %% ../nbs/09_sampling.ipynb #99ef61ce
 def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
@@ -200,19 +198,17 @@ def _token_loop(model, idx, n_steps: int, config: SamplingConfig, generator, for
         torch.set_num_threads(before)  # the caller's count again
 
 # %% ../nbs/09_sampling.ipynb #c338a32a
-def _settings(config, max_new_tokens, temperature, top_k, top_p, use_cache) -> SamplingConfig:
-    "One call's settings: the keywords, or `config` with at most max_new_tokens beside it."
+def _settings(model, idx, config, max_new_tokens, temperature, top_k, top_p, use_cache) -> SamplingConfig:
+    "One call's settings (the keywords, or `config` with at most max_new_tokens beside it), checked with its idx."
     keywords = dict(temperature=temperature, top_k=top_k, top_p=top_p, use_cache=use_cache)
     length = {} if max_new_tokens is None else dict(max_new_tokens=max_new_tokens)
     if config is None:
-        return SamplingConfig(**keywords, **length)  # checked here, once per call
-    if both := [k for k, v in keywords.items() if v != getattr(SamplingConfig, k)]:
+        config = SamplingConfig(**keywords, **length)  # checked here, once per call
+    elif both := [k for k, v in keywords.items() if v != getattr(SamplingConfig, k)]:
         raise TypeError(f"{both[0]} was given both as a keyword and in config: use config.replace({both[0]}=...)")
-    return config.replace(**length)
-
-
-def _check_call(model, idx, config: SamplingConfig) -> None:
-    "What only a call can check: idx is (B, T) token ids with B, T >= 1; the stop ids are in the vocabulary."
+    else:
+        config = config.replace(**length)
+    # What only a call can check: idx is (B, T) token ids with B, T >= 1; the stop ids are in the vocabulary.
     if not isinstance(idx, torch.Tensor) or idx.dtype != torch.long:
         got = type(idx).__name__ + (f" of dtype {idx.dtype}" if isinstance(idx, torch.Tensor) else "")
         raise TypeError(f"idx must be a LongTensor of token ids of shape (B, T), got {got}")
@@ -223,6 +219,7 @@ def _check_call(model, idx, config: SamplingConfig) -> None:
     if too_big := [s for s in config.stop or () if s >= vocab_size]:
         why = f"is outside the model's vocabulary 0..{vocab_size - 1} (vocab_size={vocab_size})"
         raise OptionError("stop", f"stop token id {too_big[0]} {why}")
+    return config
 
 # %% ../nbs/09_sampling.ipynb #05657956
 def generate_steps(
@@ -238,8 +235,7 @@ def generate_steps(
     generator: torch.Generator | None = None,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     "Iterate over generation steps: yields (next tokens (B,), last-position logits (B, vocab_size)) per new token."
-    config = _settings(config, max_new_tokens, temperature, top_k, top_p, use_cache)
-    _check_call(model, idx, config)
+    config = _settings(model, idx, config, max_new_tokens, temperature, top_k, top_p, use_cache)
     return _token_loop(model, idx, config.max_new_tokens, config, generator)
 
 # %% ../nbs/09_sampling.ipynb #e442e1bb
@@ -293,10 +289,9 @@ def generate(
     attention_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     "Continue each prompt of idx (B, T) by max_new_tokens tokens -> (B, T + max_new_tokens), fewer if all rows stopped."
-    config = _settings(config, max_new_tokens, temperature, top_k, top_p, use_cache)
+    config = _settings(model, idx, config, max_new_tokens, temperature, top_k, top_p, use_cache)
     if config.stop_strings is not None:
         raise OptionError("stop_strings", "generate sees token ids only: give stop, or use stream() for stop_strings")
-    _check_call(model, idx, config)
     aligned, is_prompt, lengths = _left_align(idx, attention_mask)  # (B, T), (B, T), (B,)
     if config.max_new_tokens == 0:
         return idx.clone()
@@ -376,14 +371,6 @@ def stream_text(steps, tokenizer, config: SamplingConfig) -> Iterator[str]:
         yield pending
 
 
-def _encode_prompt(model, tokenizer, prompt: str) -> torch.Tensor:
-    "The text `prompt` as token ids (1, T) on the model's device."
-    if prompt == "":
-        raise ValueError("empty prompt: give at least one character to continue (e.g. a newline)")
-    p = next(iter(model.parameters()), None)
-    return torch.tensor([tokenizer.encode(prompt)], dtype=torch.long, device=p.device if p is not None else "cpu")
-
-
 def stream(
     model,
     tokenizer,
@@ -398,9 +385,11 @@ def stream(
     generator: torch.Generator | None = None,
 ) -> Iterator[str]:
     "Continue the text `prompt`, yielding the new text in pieces of valid UTF-8 as soon as they are complete."
-    config = _settings(config, max_new_tokens, temperature, top_k, top_p, use_cache)
     tokenizer = as_tokenizer(tokenizer)
-    idx = _encode_prompt(model, tokenizer, prompt)  # (1, T)
-    _check_call(model, idx, config)
+    if prompt == "":
+        raise ValueError("empty prompt: give at least one character to continue (e.g. a newline)")
+    p = next(iter(model.parameters()), None)  # the prompt's ids (1, T) go to the model's device
+    idx = torch.tensor([tokenizer.encode(prompt)], dtype=torch.long, device=p.device if p is not None else "cpu")
+    config = _settings(model, idx, config, max_new_tokens, temperature, top_k, top_p, use_cache)
     steps = _token_loop(model, idx, config.max_new_tokens, config, generator)
     return stream_text(steps, tokenizer, config)
