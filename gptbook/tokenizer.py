@@ -505,17 +505,14 @@ class BPETokenizer:
                 "disallowed_special=() (or encode_ordinary) to encode it as plain text"
             )
         pieces = regex.split(f"({_alternation(allowed)})", text) if allowed else [text]
-        out = []
-        for k, piece in enumerate(pieces):  # text, special, text, ..., text
-            out += [self.special_tokens[piece]] if k % 2 else self.encode_ordinary(piece)
-        return out
+        ids = ([self.special_tokens[p]] if k % 2 else self.encode_ordinary(p) for k, p in enumerate(pieces))
+        return list(chain.from_iterable(ids))  # pieces: text, special, text, ..., text
 
     def decode_bytes(self, ids) -> bytes:
         "The bytes of `ids`, concatenated (may end in the middle of a UTF-8 character)."
         if isinstance(ids, (int, str, bytes)) or getattr(ids, "ndim", 1) == 0:
             raise TypeError(f"decode expects a sequence of ids, got {ids!r}; for one id use decode([id])")
-        vocab = self.vocab
-        return b"".join([vocab[i] for i in _checked_ids(ids, vocab, "in this tokenizer's vocabulary")])
+        return b"".join(map(self.vocab.__getitem__, _checked_ids(ids, self.vocab, "in this tokenizer's vocabulary")))
 
     def token_bytes(self, token_id: int) -> bytes:
         "The bytes of one token (as `TokenizerAdapter.token_bytes`, for streaming)."
@@ -562,8 +559,7 @@ class BPETokenizer:
 
     def __repr__(self):
         pattern = "GPT2_PATTERN" if self.pattern == GPT2_PATTERN else repr(self.pattern)
-        specials = list(self.special_tokens)
-        return f"BPETokenizer(vocab_size={self.vocab_size}, pattern={pattern}, special_tokens={specials})"
+        return f"BPETokenizer(vocab_size={self.vocab_size}, pattern={pattern}, special_tokens={[*self.special_tokens]})"
 
 # %% ../nbs/A3_interop.ipynb #dd87abbe
 def load_tokenizer(path) -> CharTokenizer | BPETokenizer:
