@@ -5,10 +5,8 @@
 # %% ../nbs/stubs/00_weights.ipynb #1c17b8a5
 from __future__ import annotations
 
-import contextlib
 import json
 import pickle
-import pickletools
 import re
 from pathlib import Path, PurePath
 
@@ -185,8 +183,15 @@ def _read_json(file: Path):
         raise ValueError(f"{file} is not a valid JSON file ({e}): download it again") from None
 
 
-def _shard_files(path: Path, index: Path) -> list[Path]:
-    "The shards `index` lists, each a relative name inside the folder `path`: never an absolute path, never `..`."
+def _weight_files(path: Path) -> list[Path]:
+    "model.safetensors, or the shards model.safetensors.index.json lists: relative names inside `path`, never `..`."
+    if (path / "model.safetensors").is_file():
+        return [path / "model.safetensors"]
+    if not (index := path / "model.safetensors.index.json").is_file():
+        raise FileNotFoundError(
+            f"{path} has neither model.safetensors nor model.safetensors.index.json; pickled "
+            f"pytorch_model.bin files are not read (convert them to safetensors first)"
+        )
     contents = _read_json(index)
     weight_map = contents.get("weight_map") if isinstance(contents, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(s, str) for s in weight_map.values()):
@@ -195,19 +200,6 @@ def _shard_files(path: Path, index: Path) -> list[Path]:
     if outside := next((n for n in names if not n.parts or n.anchor or ".." in n.parts), None):  # "", ".", "/x", "../x"
         raise ValueError(f"{index} lists the shard {str(outside)!r}, which is not a file inside {path}: not read")
     return [path / name for name in names]
-
-
-def _weight_files(path: Path) -> list[Path]:
-    "The safetensors files of a Hugging Face folder: model.safetensors, or the shards of model.safetensors.index.json."
-    if (path / "model.safetensors").is_file():
-        return [path / "model.safetensors"]
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        return _shard_files(path, index)
-    raise FileNotFoundError(
-        f"{path} has neither model.safetensors nor model.safetensors.index.json; pickled "
-        f"pytorch_model.bin files are not read (convert them to safetensors first)"
-    )
 
 # %% ../nbs/A3_interop.ipynb #6abdd552
 # what a hub download fetches: the config, the safetensors weights and the tokenizer, never .bin
@@ -321,21 +313,11 @@ def clean_state_dict(state_dict: dict) -> dict:
     return {re.sub(r"^(?:(?:_orig_mod|module)\.)+", "", key): value for key, value in state_dict.items()}
 
 # %% ../nbs/A3_interop.ipynb #057ab3bd
-def _asked_global(path: Path) -> str | None:
-    "The first function a plain pickle file asks for, read from its opcodes without running any (None: none found)."
-    strings = []
-    with contextlib.suppress(Exception), open(path, "rb") as f:
-        if f.read(1) != b"\x80":  # a pickle starts with its PROTO opcode
-            return None
-        f.seek(0)
-        for op, arg, _ in pickletools.genops(f):
-            if op.name in ("GLOBAL", "INST"):
-                return arg.replace(" ", ".")
-            if op.name == "STACK_GLOBAL":
-                return ".".join(strings[-2:])
-            if isinstance(arg, str):
-                strings.append(arg)
-    return None
+class _NoCalls(pickle.Unpickler):
+    "An unpickler that calls nothing: the first function a pickle asks for is refused, named as torch names it."
+
+    def find_class(self, module, name):
+        raise pickle.UnpicklingError(f"GLOBAL {module}.{name}")
 
 
 def _unpickle(path: Path):
@@ -347,13 +329,18 @@ def _unpickle(path: Path):
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        asked = re.search(r"GLOBAL ([\w.]+)", str(e))  # what torch refused to call, in its words
-        asked = asked.group(1) if asked else _asked_global(path)
-        if not asked:
+        said = str(e)  # "GLOBAL posix.system": what torch refused to call; not for a plain pickle of protocol 4+
+        try:
+            with open(path, "rb") as f:
+                if f.peek(1)[:1] == b"\x80":  # a plain pickle starts with its PROTO opcode
+                    _NoCalls(f).load()
+        except Exception as plain:
+            said += f" {plain}"
+        if not (asked := re.search(r"GLOBAL ([\w.]+)", said)):
             raise ValueError(f"{path} cannot be read (not a torch.save file of tensors): the file is damaged") from None
         raise ValueError(
-            f"{path} asks to call {asked} while loading, so it was not loaded and none of its code ran: a nanoGPT "
-            "checkpoint holds only tensors and plain values (load only files you trust)"
+            f"{path} asks to call {asked.group(1)} while loading, so it was not loaded and none of its code ran: a "
+            "nanoGPT checkpoint holds only tensors and plain values (load only files you trust)"
         ) from None
     except (RuntimeError, EOFError, OSError) as e:
         raise ValueError(f"{path} cannot be read ({str(e).splitlines()[0]}): the file is damaged") from None
