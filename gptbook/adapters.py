@@ -54,18 +54,13 @@ def _numbered(merges, as_byte: dict, id_of: dict) -> tuple[list, list]:
     return pairs, ids
 
 
-def _from_ranks(ranks: dict) -> tuple[list, list]:
-    "Merges (pairs in the book's numbering) and `ids` (the source's id of each byte and merge) from {bytes: id}."
-    merges = (_split_token(ranks, t) for t in sorted((t for t in ranks if len(t) > 1), key=ranks.__getitem__))
-    return _numbered(merges, {bytes([b]): b for b in range(256)}, ranks)
-
-
 def tiktoken_parts(encoding) -> tuple:
     "(pairs, pattern, specials, ids) of a `tiktoken.Encoding`: what `BPETokenizer.from_tiktoken` builds from."
     ranks = getattr(encoding, "_mergeable_ranks", None)
     if not isinstance(ranks, dict):
         raise TypeError(f"from_tiktoken expects a tiktoken.Encoding, got {type(encoding).__name__}")
-    pairs, ids = _from_ranks(ranks)
+    merges = (_split_token(ranks, t) for t in sorted((t for t in ranks if len(t) > 1), key=ranks.__getitem__))
+    pairs, ids = _numbered(merges, {bytes([b]): b for b in range(256)}, ranks)
     pattern = None if encoding._pat_str == _ONE_CHUNK else encoding._pat_str
     return pairs, pattern, dict(encoding._special_tokens), ids
 

@@ -7,6 +7,7 @@ __all__ = ['save_hf', 'hf_pretrained', 'nanogpt_key', 'from_nanogpt', 'load_hf']
 
 # %% ../nbs/A3_interop.ipynb #cf1b71ff
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -192,11 +193,7 @@ def hf_pretrained(path_or_name, dtype: torch.dtype = torch.float32, tokenizer=No
 # %% ../nbs/A3_interop.ipynb #4718c2ad
 def nanogpt_key(key: str) -> str:
     "gptbook's state_dict key -> nanoGPT's. Example: 'blocks.0.attn.c_proj.bias' -> 'transformer.h.0.attn.c_proj.bias'."
-    if key.startswith("lm_head."):
-        return key
-    if key.startswith("blocks."):
-        return "transformer.h." + key[len("blocks.") :]
-    return "transformer." + key
+    return key if key.startswith("lm_head.") else "transformer." + re.sub(r"^blocks\.", "h.", key)
 
 
 def from_nanogpt(ckpt_path, dtype: torch.dtype = torch.float32) -> GPT:

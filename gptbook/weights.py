@@ -346,17 +346,6 @@ def _unpickle(path: Path):
         raise ValueError(f"{path} cannot be read ({str(e).splitlines()[0]}): the file is damaged") from None
 
 
-def _nanogpt_config(model_args: dict) -> GPTConfig:
-    "The GPTConfig of a nanoGPT checkpoint's `model_args`: its names, its exact GELU, its tied head."
-    return GPTConfig(
-        **_gpt2_shape(model_args, "block_size"),
-        bias=model_args["bias"],
-        dropout=model_args.get("dropout", 0.0),
-        ffn="gelu",  # nn.GELU(): the exact erf form
-        tie_weights=True,
-    )
-
-
 def _nanogpt_plan(c: GPTConfig) -> list:
     "nanoGPT's names are GPT-2's (its from_pretrained copies them), in nn.Linear's layout, the biases only if c.bias."
     plan = []
@@ -375,8 +364,15 @@ def load_nanogpt(ckpt_path) -> tuple:
         raise ValueError(f"{path} is not a nanoGPT checkpoint: it has no 'model' and 'model_args' (it has {found})")
     if not isinstance(ckpt["model"], dict):
         raise ValueError(f"{path}: its 'model' is a {type(ckpt['model']).__name__}, not a dict of tensors")
-    try:
-        config = _nanogpt_config(ckpt["model_args"])
+    try:  # GPT-2's names, nn.GELU() (the exact erf form), a tied head
+        args = ckpt["model_args"]
+        config = GPTConfig(
+            **_gpt2_shape(args, "block_size"),
+            bias=args["bias"],
+            dropout=args.get("dropout", 0.0),
+            ffn="gelu",
+            tie_weights=True,
+        )
     except KeyError as e:
         raise ValueError(f"{path}: model_args has no {e}, which nanoGPT's train.py always saves") from None
     except (TypeError, ValueError) as e:  # model_args not a dict, or a value GPTConfig refuses
