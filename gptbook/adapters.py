@@ -40,9 +40,7 @@ def _split_token(ranks: dict, token: bytes) -> tuple[bytes, bytes]:
 def _numbered(merges, as_byte: dict, id_of: dict) -> tuple[list, list]:
     "Pairs in the book's numbering and the source's id (`id_of`) of each byte and merge, from the merges `(a, b)`."
     if missing := [t for t in as_byte if t not in id_of]:
-        raise ValueError(
-            f"the vocabulary lacks {len(missing)} of the 256 byte tokens (e.g. {missing[0]!r}): not byte-level"
-        )
+        raise ValueError(f"it lacks {len(missing)} of the 256 byte tokens (e.g. {missing[0]!r}): not byte-level")
     canon = dict(as_byte)  # token -> id in the book's numbering
     ids, pairs = [id_of[t] for t in sorted(as_byte, key=as_byte.get)], []
     for a, b in merges:
@@ -69,14 +67,11 @@ def _ranks(vocab: dict, specials: dict) -> dict:
     "{bytes: id} of the tokens (specials left out): what tiktoken and HF store, so every token's bytes must differ."
     ranks, special_ids = {}, set(specials.values())
     for i, b in vocab.items():
-        if i in special_ids:
-            continue
-        if b in ranks:
+        if i not in special_ids and ranks.setdefault(b, i) != i:
             raise ValueError(
                 f"ids {ranks[b]} and {i} have the same bytes {b!r}; tiktoken and HF tokenizers need "
                 "distinct bytes per token, so this tokenizer cannot be converted"
             )
-        ranks[b] = i
     return ranks
 
 
