@@ -119,8 +119,7 @@ def _hf_parts(contents: dict) -> tuple:
     vocab = {s: i for s, i in model["vocab"].items() if s not in specials}
     merges = [m.split(" ") if isinstance(m, str) else m for m in model["merges"]]
     made = {"".join(m) for m in merges} | as_byte.keys()
-    orphans = [s for s in vocab if s not in made]
-    if orphans:
+    if orphans := [s for s in vocab if s not in made]:
         raise ValueError(f"{len(orphans)} token(s), e.g. {orphans[0]!r}, are not made by any merge")
     pairs, ids = _numbered(merges, as_byte, vocab)
     return pairs, pattern, specials, ids

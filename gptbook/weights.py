@@ -110,11 +110,6 @@ def config_from_hf(hf: dict, source="config.json") -> GPTConfig:
         raise ValueError(f"{source}{said}") from None
 
 # %% ../nbs/A3_interop.ipynb #cd8bafe1
-def _linear_shape(kind: str, out_features: int, in_features: int) -> tuple:
-    "The shape of a linear layer's weight, (out, in), or of its bias, (out,)."
-    return (out_features, in_features) if kind == "weight" else (out_features,)
-
-
 def gpt2_plan(c: GPTConfig, pre: str = "transformer.") -> list:
     "GPT-2's tensors for each of ours: (our name, [(their name, shape)], combine); older files lack the prefix `pre`."
     d, d_ff = c.d_model, c.resolved_d_ff
@@ -156,12 +151,13 @@ def llama_plan(c: GPTConfig) -> list:
     for i in range(c.n_layers):
         ours, h = f"blocks.{i}.", f"model.layers.{i}."
         for kind in ("weight", "bias") if c.bias else ("weight",):
-            qkv = [(f"{h}self_attn.{x}_proj.{kind}", _linear_shape(kind, n, d)) for x, n in qkv_rows.items()]
+            dims = 2 if kind == "weight" else 1  # a linear layer's weight is (out, in), its bias (out,)
+            qkv = [(f"{h}self_attn.{x}_proj.{kind}", (n, d)[:dims]) for x, n in qkv_rows.items()]
             plan.append((f"{ours}attn.c_attn.{kind}", qkv, fuse))
-            o_proj = [(f"{h}self_attn.o_proj.{kind}", _linear_shape(kind, d, d))]
+            o_proj = [(f"{h}self_attn.o_proj.{kind}", (d, d)[:dims])]
             plan.append((f"{ours}attn.c_proj.{kind}", o_proj, None))
             plan += [
-                (f"{ours}mlp.{p}.{kind}", [(f"{h}mlp.{p}.{kind}", _linear_shape(kind, *s))], None)
+                (f"{ours}mlp.{p}.{kind}", [(f"{h}mlp.{p}.{kind}", s[:dims])], None)
                 for p, s in (("gate_proj", (d_ff, d)), ("up_proj", (d_ff, d)), ("down_proj", (d, d_ff)))
             ]
         plan += [
@@ -279,19 +275,6 @@ def _follow(plan: list, tensors: dict, path, implied_by: str) -> dict:
     return state_dict
 
 
-def _load_safetensors(path: Path) -> dict:
-    "All tensors of a Hugging Face folder: model.safetensors, or the shards listed in model.safetensors.index.json."
-    tensors = {}
-    for file in _weight_files(path):
-        try:
-            tensors.update(_check_weights(load_file(file), file))
-        except SafetensorError as e:
-            raise ValueError(
-                f"{file} cannot be read ({e}): the file is damaged or incomplete; download it again"
-            ) from None
-    return tensors
-
-
 def load_hf(path_or_name) -> tuple:
     "(GPTConfig, state_dict) from a Hugging Face GPT-2 or Llama folder or hub name, mapped to GPT's names and layouts."
     path = hf_folder(path_or_name)
@@ -299,7 +282,14 @@ def load_hf(path_or_name) -> tuple:
         raise FileNotFoundError(f"{file} not found: pass a Hugging Face model folder (config.json + safetensors)")
     hf = _read_json(file)
     config = config_from_hf(hf, source=file)  # refuses a model too big for memory: nothing built yet
-    tensors = _load_safetensors(path)
+    tensors = {}
+    for file in _weight_files(path):  # model.safetensors, or the shards model.safetensors.index.json lists
+        try:
+            tensors.update(_check_weights(load_file(file), file))
+        except SafetensorError as e:
+            raise ValueError(
+                f"{file} cannot be read ({e}): the file is damaged or incomplete; download it again"
+            ) from None
     pre = "transformer." if "transformer.wte.weight" in tensors else ""  # older GPT-2 files lack the prefix
     plan = gpt2_plan(config, pre) if _architecture(hf) == "gpt2" else llama_plan(config)
     state_dict = _follow(plan, tensors, path, "config.json")
