@@ -25,14 +25,11 @@ def _architecture(hf: dict) -> str:
     archs = hf.get("architectures") or [None]
     if not isinstance(archs, list):
         raise ValueError(f'config.json has architectures={archs!r}: it should be a list, e.g. ["LlamaForCausalLM"]')
-    arch, model_type = archs[0], hf.get("model_type")
-    if arch == "GPT2LMHeadModel" or (arch is None and model_type == "gpt2"):
-        return "gpt2"
-    if arch == "LlamaForCausalLM" or (arch is None and model_type == "llama"):
-        return "llama"
-    raise ValueError(
-        f"unsupported architecture {arch or model_type!r}: GPT.from_hf reads GPT2LMHeadModel and LlamaForCausalLM"
-    )
+    arch = archs[0] or hf.get("model_type")  # without architectures: model_type, "gpt2" or "llama"
+    style = {"GPT2LMHeadModel": "gpt2", "LlamaForCausalLM": "llama"}.get(arch) if archs[0] else arch
+    if style not in ("gpt2", "llama"):
+        raise ValueError(f"unsupported architecture {arch!r}: GPT.from_hf reads GPT2LMHeadModel and LlamaForCausalLM")
+    return style
 
 
 def _refuse(key: str, value, why: str):
@@ -199,8 +196,7 @@ def _weight_files(path: Path) -> list[Path]:
 
 # %% ../nbs/A3_interop.ipynb #6abdd552
 # what a hub download fetches: the config, the safetensors weights and the tokenizer, never .bin
-_HUB_FILES = ["config.json", "generation_config.json", "*.safetensors", "*.safetensors.index.json", "tokenizer.json"]
-_HUB_FILES += ["tokenizer_config.json", "special_tokens_map.json"]
+_HUB_FILES = ["config.json", "*.safetensors", "*.safetensors.index.json", "tokenizer.json"]
 _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")  # "gpt2", "openai-community/gpt2"
 
 
@@ -250,20 +246,16 @@ def _check_weights(tensors: dict, file) -> dict:
     return tensors
 
 
-def _take(tensors: dict, name: str, shape: tuple, ours: str, path, implied_by: str) -> torch.Tensor:
-    "The tensor `name` as float32, there and of the shape the config (`implied_by`) implies."
-    if name not in tensors:
-        raise ValueError(f"tensor {name!r} (for {ours}) is missing from {path}")
-    if (got := tuple(tensors[name].shape)) != tuple(shape):
-        raise ValueError(f"tensor {name!r} has shape {got}, but {implied_by} implies {tuple(shape)}")
-    return tensors[name].float()
-
-
 def _follow(plan: list, tensors: dict, path, implied_by: str) -> dict:
     "Our state_dict: each entry of the plan, its tensors taken, checked and combined; a tensor left over is an error."
     state_dict = {}
     for ours, sources, combine in plan:
-        parts = [_take(tensors, name, shape, ours, path, implied_by) for name, shape in sources]
+        for name, shape in sources:  # each there, and of the shape the config (`implied_by`) implies
+            if name not in tensors:
+                raise ValueError(f"tensor {name!r} (for {ours}) is missing from {path}")
+            if (got := tuple(tensors[name].shape)) != tuple(shape):
+                raise ValueError(f"tensor {name!r} has shape {got}, but {implied_by} implies {tuple(shape)}")
+        parts = [tensors[name].float() for name, _ in sources]
         state_dict[ours] = combine(*parts) if combine else parts[0]
     used = {name for _, sources, _ in plan for name, _ in sources} | {"lm_head.weight"}  # or a tied head's copy
     unused = sorted(n for n in set(tensors) - used if not n.endswith(_SKIP))
