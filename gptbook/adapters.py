@@ -147,9 +147,8 @@ def hf_tokenizer(vocab: dict, merges: list, pattern: str | None, specials: dict)
     as_char = byte_to_char()
     spelled = {b.decode("latin-1").translate(as_char): i for b, i in _ranks(vocab, specials).items()}
     for s, i in specials.items():
-        if s in spelled:
+        if spelled.setdefault(s, i) != i:
             raise ValueError(f"special token {s!r} is spelled like token {spelled[s]} in byte-level form; rename it")
-        spelled[s] = i
     pairs = [(a.decode("latin-1").translate(as_char), b.decode("latin-1").translate(as_char)) for a, b in merges]
     hf = Tokenizer(models.BPE(vocab=spelled, merges=pairs))
     split = [] if pattern is None else [pre_tokenizers.Split(Regex(pattern), behavior="isolated")]

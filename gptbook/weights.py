@@ -102,8 +102,7 @@ def config_from_hf(hf: dict, source="config.json") -> GPTConfig:
     except KeyError as e:
         raise ValueError(f"{source} has no {e.args[0]!r}, which a {_architecture(hf)} config must have") from None
     except (TypeError, AttributeError, ValueError) as e:  # a value of the wrong type, or one GPTConfig refuses
-        message = str(e)
-        said = message[len("config.json") :] if message.startswith("config.json") else f": {message}"
+        said = m.removeprefix("config.json") if (m := str(e)).startswith("config.json") else f": {m}"
         raise ValueError(f"{source}{said}") from None
 
 # %% ../nbs/A3_interop.ipynb #cd8bafe1
@@ -216,9 +215,7 @@ def _download(name: str) -> Path:
         raise FileNotFoundError(f"{where}: no such repository (a private one needs `hf auth login`)") from None
     except LocalEntryNotFoundError:  # offline (HF_HUB_OFFLINE set, or no network) and not in the cache
         fix = "unset HF_HUB_OFFLINE" if constants.HF_HUB_OFFLINE else "connect to the network"
-        raise FileNotFoundError(
-            f"{where}: it is not in the cache (HF_HOME) and the hub cannot be reached; {fix}, or pass a local folder"
-        ) from None
+        raise FileNotFoundError(f"{where}: not in the cache, hub unreachable; {fix}, or pass a local folder") from None
     except (HfHubHTTPError, OSError, ValueError) as e:
         raise OSError(f"{where}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
 
