@@ -30,22 +30,17 @@ def _split_token(ranks: dict, token: bytes) -> tuple[bytes, bytes]:
     rank, parts = ranks[token], [bytes([b]) for b in token]
     while len(parts) > 2:
         pair_ranks = [ranks.get(a + b, rank) for a, b in zip(parts, parts[1:])]
-        best = min(pair_ranks)
-        if best >= rank:
-            break  # no lower-ranked token joins two parts: this token was not made by a merge
+        if (best := min(pair_ranks)) >= rank:  # no lower-ranked token joins two parts: not made by a merge
+            raise ValueError(f"token {token!r} (rank {rank}) is not the merge of two lower-ranked tokens")
         i = pair_ranks.index(best)
         parts[i : i + 2] = [parts[i] + parts[i + 1]]
-    if len(parts) != 2:
-        raise ValueError(f"token {token!r} (rank {rank}) is not the merge of two lower-ranked tokens")
     return parts[0], parts[1]
 
 
 def _numbered(merges, as_byte: dict, id_of: dict) -> tuple[list, list]:
     "Pairs in the book's numbering and the source's id (`id_of`) of each byte and merge, from the merges `(a, b)`."
     if missing := [t for t in as_byte if t not in id_of]:
-        raise ValueError(
-            f"the vocabulary lacks {len(missing)} of the 256 byte tokens (e.g. {missing[0]!r}): not byte-level"
-        )
+        raise ValueError(f"it lacks {len(missing)} of the 256 byte tokens (e.g. {missing[0]!r}): not byte-level")
     canon = dict(as_byte)  # token -> id in the book's numbering
     ids, pairs = [id_of[t] for t in sorted(as_byte, key=as_byte.get)], []
     for a, b in merges:
@@ -57,18 +52,13 @@ def _numbered(merges, as_byte: dict, id_of: dict) -> tuple[list, list]:
     return pairs, ids
 
 
-def _from_ranks(ranks: dict) -> tuple[list, list]:
-    "Merges (pairs in the book's numbering) and `ids` (the source's id of each byte and merge) from {bytes: id}."
-    merges = (_split_token(ranks, t) for t in sorted((t for t in ranks if len(t) > 1), key=ranks.__getitem__))
-    return _numbered(merges, {bytes([b]): b for b in range(256)}, ranks)
-
-
 def tiktoken_parts(encoding) -> tuple:
     "(pairs, pattern, specials, ids) of a `tiktoken.Encoding`: what `BPETokenizer.from_tiktoken` builds from."
     ranks = getattr(encoding, "_mergeable_ranks", None)
     if not isinstance(ranks, dict):
         raise TypeError(f"from_tiktoken expects a tiktoken.Encoding, got {type(encoding).__name__}")
-    pairs, ids = _from_ranks(ranks)
+    merges = (_split_token(ranks, t) for t in sorted((t for t in ranks if len(t) > 1), key=ranks.__getitem__))
+    pairs, ids = _numbered(merges, {bytes([b]): b for b in range(256)}, ranks)
     pattern = None if encoding._pat_str == _ONE_CHUNK else encoding._pat_str
     return pairs, pattern, dict(encoding._special_tokens), ids
 
@@ -77,14 +67,11 @@ def _ranks(vocab: dict, specials: dict) -> dict:
     "{bytes: id} of the tokens (specials left out): what tiktoken and HF store, so every token's bytes must differ."
     ranks, special_ids = {}, set(specials.values())
     for i, b in vocab.items():
-        if i in special_ids:
-            continue
-        if b in ranks:
+        if i not in special_ids and ranks.setdefault(b, i) != i:
             raise ValueError(
                 f"ids {ranks[b]} and {i} have the same bytes {b!r}; tiktoken and HF tokenizers need "
                 "distinct bytes per token, so this tokenizer cannot be converted"
             )
-        ranks[b] = i
     return ranks
 
 
@@ -132,8 +119,7 @@ def _hf_parts(contents: dict) -> tuple:
     vocab = {s: i for s, i in model["vocab"].items() if s not in specials}
     merges = [m.split(" ") if isinstance(m, str) else m for m in model["merges"]]
     made = {"".join(m) for m in merges} | as_byte.keys()
-    orphans = [s for s in vocab if s not in made]
-    if orphans:
+    if orphans := [s for s in vocab if s not in made]:
         raise ValueError(f"{len(orphans)} token(s), e.g. {orphans[0]!r}, are not made by any merge")
     pairs, ids = _numbered(merges, as_byte, vocab)
     return pairs, pattern, specials, ids
@@ -147,12 +133,10 @@ def hf_parts(path) -> tuple:
         raise FileNotFoundError(f"{file} does not exist: from_hf wants a tokenizer.json or a folder with one")
     try:
         return file, _hf_parts(json.loads(file.read_text(encoding="utf-8")))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{file} is not a JSON tokenizer file ({e})") from None
-    except ValueError as e:
-        raise ValueError(f"{file}: {e}") from None
-    except (KeyError, TypeError, AttributeError) as e:  # a field missing, or not what a tokenizer.json holds there
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as e:  # not JSON; bad fields
         raise ValueError(f"{file} is not a tokenizer.json from_hf can read ({type(e).__name__}: {e})") from None
+    except ValueError as e:  # what from_hf cannot reproduce
+        raise ValueError(f"{file}: {e}") from None
 
 # %% ../nbs/A3_interop.ipynb #7c563de1
 def hf_tokenizer(vocab: dict, merges: list, pattern: str | None, specials: dict):
@@ -163,9 +147,8 @@ def hf_tokenizer(vocab: dict, merges: list, pattern: str | None, specials: dict)
     as_char = byte_to_char()
     spelled = {b.decode("latin-1").translate(as_char): i for b, i in _ranks(vocab, specials).items()}
     for s, i in specials.items():
-        if s in spelled:
+        if spelled.setdefault(s, i) != i:
             raise ValueError(f"special token {s!r} is spelled like token {spelled[s]} in byte-level form; rename it")
-        spelled[s] = i
     pairs = [(a.decode("latin-1").translate(as_char), b.decode("latin-1").translate(as_char)) for a, b in merges]
     hf = Tokenizer(models.BPE(vocab=spelled, merges=pairs))
     split = [] if pattern is None else [pre_tokenizers.Split(Regex(pattern), behavior="isolated")]
@@ -177,9 +160,7 @@ def hf_tokenizer(vocab: dict, merges: list, pattern: str | None, specials: dict)
 
 # %% ../nbs/A3_interop.ipynb #7d55033b
 class TokenizerAdapter:
-    """A `tiktoken.Encoding` or a Hugging Face tokenizer behind the four things gptbook asks of a tokenizer:
-    `encode(text)` (plain text: no special tokens added), `decode(ids)`, `vocab_size`, and `token_bytes(id)`,
-    the bytes of one token (None where the tokenizer is not byte-level: then text streams by prefix diffs)."""
+    "Theirs behind what gptbook asks: plain-text `encode`, `decode`, `vocab_size`, `token_bytes(id)` (None: not bytes)."
 
     def __init__(self, inner, kind: str, encode, decode, vocab_size: int, token_bytes=None):
         self.inner, self.kind, self.vocab_size = inner, kind, vocab_size
@@ -210,38 +191,22 @@ class TokenizerAdapter:
         return f"TokenizerAdapter({self.kind}, vocab_size={self.vocab_size})"
 
 
-def _hf_byte_speller(hf, added: dict):
-    "For a byte-level HF `tokenizers.Tokenizer`: id -> the token's bytes, through GPT-2's byte alphabet; else None."
-    decoder = json.loads(hf.to_str()).get("decoder") or {}
-    if "ByteLevel" not in {d.get("type") for d in [decoder, *decoder.get("decoders", [])]}:
-        return None
-    as_byte = {c: b for b, c in byte_to_char().items()}
-
-    def spell(i: int) -> bytes:
-        token = hf.id_to_token(i)
-        return added[i].encode("utf-8") if i in added or token is None else bytes(as_byte[c] for c in token)
-
-    return spell
-
-
 def _adapt_hf(hf, inner, kind: str) -> TokenizerAdapter:
     "A `tokenizers.Tokenizer` `hf` (the backend of `inner`, a transformers tokenizer or itself) behind the adapter."
     added = {i: t.content for i, t in hf.get_added_tokens_decoder().items()}
-    decode = functools.partial(hf.decode, skip_special_tokens=False)
+    as_byte = {c: b for b, c in byte_to_char().items()}
+    decoder = json.loads(hf.to_str()).get("decoder") or {}
+    byte_level = "ByteLevel" in {d.get("type") for d in [decoder, *decoder.get("decoders", [])]}
 
     def encode(text):
         return hf.encode(text, add_special_tokens=False).ids
 
-    return TokenizerAdapter(inner, kind, encode, decode, hf.get_vocab_size(True), _hf_byte_speller(hf, added))
+    def spell(i: int) -> bytes:  # a byte-level token's bytes, through GPT-2's byte alphabet
+        token = hf.id_to_token(i)
+        return added[i].encode("utf-8") if i in added or token is None else bytes(as_byte[c] for c in token)
 
-
-def _adapt_transformers(tok) -> TokenizerAdapter:
-    "A transformers PreTrainedTokenizer(Fast): its Rust backend where it has one, else its own encode and decode."
-    if getattr(tok, "backend_tokenizer", None) is not None:
-        return _adapt_hf(tok.backend_tokenizer, tok, type(tok).__name__)
-    encode = functools.partial(tok.encode, add_special_tokens=False)
-    decode = functools.partial(tok.decode, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-    return TokenizerAdapter(tok, type(tok).__name__, encode, decode, len(tok))
+    decode = functools.partial(hf.decode, skip_special_tokens=False)
+    return TokenizerAdapter(inner, kind, encode, decode, hf.get_vocab_size(True), spell if byte_level else None)
 
 
 def as_tokenizer(tokenizer):
@@ -253,7 +218,11 @@ def as_tokenizer(tokenizer):
     if type(tokenizer).__module__.startswith("tokenizers") and hasattr(tokenizer, "get_vocab_size"):
         return _adapt_hf(tokenizer, tokenizer, "tokenizers.Tokenizer")
     if hasattr(tokenizer, "convert_ids_to_tokens") and hasattr(tokenizer, "decode"):  # transformers
-        return _adapt_transformers(tokenizer)
+        if getattr(tokenizer, "backend_tokenizer", None) is not None:  # a fast one: its Rust tokenizer
+            return _adapt_hf(tokenizer.backend_tokenizer, tokenizer, type(tokenizer).__name__)
+        encode = functools.partial(tokenizer.encode, add_special_tokens=False)
+        decode = functools.partial(tokenizer.decode, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        return TokenizerAdapter(tokenizer, type(tokenizer).__name__, encode, decode, len(tokenizer))
     if all(hasattr(tokenizer, name) for name in ("encode", "decode", "vocab_size")):  # ours, or already adapted
         return tokenizer
     raise TypeError(

@@ -7,6 +7,7 @@ __all__ = ['save_hf', 'hf_pretrained', 'nanogpt_key', 'from_nanogpt', 'load_hf']
 
 # %% ../nbs/A3_interop.ipynb #cf1b71ff
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -87,26 +88,20 @@ def _hf_config(c: GPTConfig) -> dict:
     }
 
 # %% ../nbs/A3_interop.ipynb #eeaa77ff
-def _split_qkv(c: GPTConfig, w: torch.Tensor, sizes: list) -> list:
-    "c_attn's [q | k | v] rows cut into q_proj, k_proj, v_proj, with q and k re-paired from interleaved to halves."
-    back = torch.argsort(rope_halves_to_interleaved(c.head_dim))  # the inverse permutation
-    q, k, v = torch.split(w, sizes)
-    return [_rope_rows(q, c.n_heads, back), _rope_rows(k, c.resolved_kv_heads, back), v]
-
-
 def _hf_state_dict(model: GPT) -> dict:
     "The model's tensors under Hugging Face's names and layouts: the loading plan followed backwards."
     c, ours = model.config, model.state_dict()
     plan = gpt2_plan(c) if _hf_style(c) == "gpt2" else llama_plan(c)
-    tensors = {}
+    back, tensors = torch.argsort(rope_halves_to_interleaved(c.head_dim)), {}  # back: the inverse permutation
     for name, sources, combine in plan:
         w = ours[name].detach()
         if combine is None:
             parts = [w]
         elif len(sources) == 1:  # GPT-2's Conv1D layout: transposed
             parts = [w.t()]
-        else:  # Llama's q_proj, k_proj, v_proj
-            parts = _split_qkv(c, w, [shape[0] for _, shape in sources])
+        else:  # c_attn's [q | k | v] rows cut into Llama's q_proj, k_proj, v_proj, q and k re-paired into halves
+            q, k, v = torch.split(w, [shape[0] for _, shape in sources])
+            parts = [_rope_rows(q, c.n_heads, back), _rope_rows(k, c.resolved_kv_heads, back), v]
         for (hf_name, _), part in zip(sources, parts):
             tensors[hf_name] = part.contiguous().clone().cpu()
     return tensors
@@ -162,30 +157,21 @@ _SAVED_FILES = {"config.json", "generation_config.json", "tokenizer.json", "toke
 _SAVED_FILES |= {"special_tokens_map.json", "model.safetensors.index.json"}  # what transformers adds beside them
 
 
-def _check_destination(folder: Path) -> None:
-    "Refuse a `folder` that holds anything but an earlier save's files: save_hf replaces it whole."
-    if not folder.exists():
-        return
-    if not folder.is_dir():
-        raise FileExistsError(f"save_hf: {folder} is a file, not a folder; choose a new or empty folder")
-    others = sorted(p.name for p in folder.iterdir() if p.suffix != ".safetensors" and p.name not in _SAVED_FILES)
-    if others:
-        raise FileExistsError(
-            f"save_hf: {folder} holds {len(others)} file(s) that are not a saved model's (e.g. {others[0]!r}), and "
-            "the model is written as the whole folder; choose a new or empty folder"
-        )
-
-
 def save_hf(model: GPT, folder, tokenizer=None, trained: dict | None = None) -> Path:
-    """Write `model` (and `tokenizer`) as a folder `transformers.AutoModelForCausalLM.from_pretrained` loads, whole or
-    not at all; the folder must be new, empty or an earlier save's; `trained` (a checkpoint's state) feeds the card."""
+    "Write `model` (and `tokenizer`) as a folder `transformers` loads, atomically; `trained`: a checkpoint's state."
     model = getattr(model, "_orig_mod", model)  # a torch.compile wrapper: save the model inside
     if not isinstance(model, GPT):
         raise TypeError(f"save_hf saves a gptbook GPT, got a {type(model).__name__}")
     if (bad := next((k for k, w in model.state_dict().items() if not torch.isfinite(w).all()), None)) is not None:
         raise ValueError(f"save_hf: the model's {bad} holds NaN or infinite weights; save a model that trained well")
-    folder = Path(folder)
-    _check_destination(folder)
+    if (folder := Path(folder)).exists() and not folder.is_dir():
+        raise FileExistsError(f"save_hf: {folder} is a file, not a folder; choose a new or empty folder")
+    others = [p.name for p in sorted(folder.glob("*")) if p.suffix != ".safetensors" and p.name not in _SAVED_FILES]
+    if others:  # not an earlier save's files: the folder is replaced whole
+        raise FileExistsError(
+            f"save_hf: {folder} holds {len(others)} file(s) that are not a saved model's (e.g. {others[0]!r}), and "
+            "the model is written as the whole folder; choose a new or empty folder"
+        )
     config, tensors = _hf_config(model.config), _hf_state_dict(model)
     config["dtype"] = str(model.wte.weight.dtype).removeprefix("torch.")
     with atomic_dir(folder) as tmp:  # files get the umask's modes (safetensors writes 0600)
@@ -207,11 +193,7 @@ def hf_pretrained(path_or_name, dtype: torch.dtype = torch.float32, tokenizer=No
 # %% ../nbs/A3_interop.ipynb #4718c2ad
 def nanogpt_key(key: str) -> str:
     "gptbook's state_dict key -> nanoGPT's. Example: 'blocks.0.attn.c_proj.bias' -> 'transformer.h.0.attn.c_proj.bias'."
-    if key.startswith("lm_head."):
-        return key
-    if key.startswith("blocks."):
-        return "transformer.h." + key[len("blocks.") :]
-    return "transformer." + key
+    return key if key.startswith("lm_head.") else "transformer." + re.sub(r"^blocks\.", "h.", key)
 
 
 def from_nanogpt(ckpt_path, dtype: torch.dtype = torch.float32) -> GPT:

@@ -5,10 +5,8 @@
 # %% ../nbs/stubs/00_weights.ipynb #1c17b8a5
 from __future__ import annotations
 
-import contextlib
 import json
 import pickle
-import pickletools
 import re
 from pathlib import Path, PurePath
 
@@ -27,14 +25,11 @@ def _architecture(hf: dict) -> str:
     archs = hf.get("architectures") or [None]
     if not isinstance(archs, list):
         raise ValueError(f'config.json has architectures={archs!r}: it should be a list, e.g. ["LlamaForCausalLM"]')
-    arch, model_type = archs[0], hf.get("model_type")
-    if arch == "GPT2LMHeadModel" or (arch is None and model_type == "gpt2"):
-        return "gpt2"
-    if arch == "LlamaForCausalLM" or (arch is None and model_type == "llama"):
-        return "llama"
-    raise ValueError(
-        f"unsupported architecture {arch or model_type!r}: GPT.from_hf reads GPT2LMHeadModel and LlamaForCausalLM"
-    )
+    arch = archs[0] or hf.get("model_type")  # without architectures: model_type, "gpt2" or "llama"
+    style = {"GPT2LMHeadModel": "gpt2", "LlamaForCausalLM": "llama"}.get(arch) if archs[0] else arch
+    if style not in ("gpt2", "llama"):
+        raise ValueError(f"unsupported architecture {arch!r}: GPT.from_hf reads GPT2LMHeadModel and LlamaForCausalLM")
+    return style
 
 
 def _refuse(key: str, value, why: str):
@@ -107,16 +102,10 @@ def config_from_hf(hf: dict, source="config.json") -> GPTConfig:
     except KeyError as e:
         raise ValueError(f"{source} has no {e.args[0]!r}, which a {_architecture(hf)} config must have") from None
     except (TypeError, AttributeError, ValueError) as e:  # a value of the wrong type, or one GPTConfig refuses
-        message = str(e)
-        said = message[len("config.json") :] if message.startswith("config.json") else f": {message}"
+        said = m.removeprefix("config.json") if (m := str(e)).startswith("config.json") else f": {m}"
         raise ValueError(f"{source}{said}") from None
 
 # %% ../nbs/A3_interop.ipynb #cd8bafe1
-def _linear_shape(kind: str, out_features: int, in_features: int) -> tuple:
-    "The shape of a linear layer's weight, (out, in), or of its bias, (out,)."
-    return (out_features, in_features) if kind == "weight" else (out_features,)
-
-
 def gpt2_plan(c: GPTConfig, pre: str = "transformer.") -> list:
     "GPT-2's tensors for each of ours: (our name, [(their name, shape)], combine); older files lack the prefix `pre`."
     d, d_ff = c.d_model, c.resolved_d_ff
@@ -158,12 +147,13 @@ def llama_plan(c: GPTConfig) -> list:
     for i in range(c.n_layers):
         ours, h = f"blocks.{i}.", f"model.layers.{i}."
         for kind in ("weight", "bias") if c.bias else ("weight",):
-            qkv = [(f"{h}self_attn.{x}_proj.{kind}", _linear_shape(kind, n, d)) for x, n in qkv_rows.items()]
+            dims = 2 if kind == "weight" else 1  # a linear layer's weight is (out, in), its bias (out,)
+            qkv = [(f"{h}self_attn.{x}_proj.{kind}", (n, d)[:dims]) for x, n in qkv_rows.items()]
             plan.append((f"{ours}attn.c_attn.{kind}", qkv, fuse))
-            o_proj = [(f"{h}self_attn.o_proj.{kind}", _linear_shape(kind, d, d))]
+            o_proj = [(f"{h}self_attn.o_proj.{kind}", (d, d)[:dims])]
             plan.append((f"{ours}attn.c_proj.{kind}", o_proj, None))
             plan += [
-                (f"{ours}mlp.{p}.{kind}", [(f"{h}mlp.{p}.{kind}", _linear_shape(kind, *s))], None)
+                (f"{ours}mlp.{p}.{kind}", [(f"{h}mlp.{p}.{kind}", s[:dims])], None)
                 for p, s in (("gate_proj", (d_ff, d)), ("up_proj", (d_ff, d)), ("down_proj", (d, d_ff)))
             ]
         plan += [
@@ -185,8 +175,15 @@ def _read_json(file: Path):
         raise ValueError(f"{file} is not a valid JSON file ({e}): download it again") from None
 
 
-def _shard_files(path: Path, index: Path) -> list[Path]:
-    "The shards `index` lists, each a relative name inside the folder `path`: never an absolute path, never `..`."
+def _weight_files(path: Path) -> list[Path]:
+    "model.safetensors, or the shards model.safetensors.index.json lists: relative names inside `path`, never `..`."
+    if (path / "model.safetensors").is_file():
+        return [path / "model.safetensors"]
+    if not (index := path / "model.safetensors.index.json").is_file():
+        raise FileNotFoundError(
+            f"{path} has neither model.safetensors nor model.safetensors.index.json; pickled "
+            f"pytorch_model.bin files are not read (convert them to safetensors first)"
+        )
     contents = _read_json(index)
     weight_map = contents.get("weight_map") if isinstance(contents, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(s, str) for s in weight_map.values()):
@@ -196,23 +193,9 @@ def _shard_files(path: Path, index: Path) -> list[Path]:
         raise ValueError(f"{index} lists the shard {str(outside)!r}, which is not a file inside {path}: not read")
     return [path / name for name in names]
 
-
-def _weight_files(path: Path) -> list[Path]:
-    "The safetensors files of a Hugging Face folder: model.safetensors, or the shards of model.safetensors.index.json."
-    if (path / "model.safetensors").is_file():
-        return [path / "model.safetensors"]
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        return _shard_files(path, index)
-    raise FileNotFoundError(
-        f"{path} has neither model.safetensors nor model.safetensors.index.json; pickled "
-        f"pytorch_model.bin files are not read (convert them to safetensors first)"
-    )
-
 # %% ../nbs/A3_interop.ipynb #6abdd552
 # what a hub download fetches: the config, the safetensors weights and the tokenizer, never .bin
-_HUB_FILES = ["config.json", "generation_config.json", "*.safetensors", "*.safetensors.index.json", "tokenizer.json"]
-_HUB_FILES += ["tokenizer_config.json", "special_tokens_map.json"]
+_HUB_FILES = ["config.json", "*.safetensors", "*.safetensors.index.json", "tokenizer.json"]
 _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")  # "gpt2", "openai-community/gpt2"
 
 
@@ -232,9 +215,7 @@ def _download(name: str) -> Path:
         raise FileNotFoundError(f"{where}: no such repository (a private one needs `hf auth login`)") from None
     except LocalEntryNotFoundError:  # offline (HF_HUB_OFFLINE set, or no network) and not in the cache
         fix = "unset HF_HUB_OFFLINE" if constants.HF_HUB_OFFLINE else "connect to the network"
-        raise FileNotFoundError(
-            f"{where}: it is not in the cache (HF_HOME) and the hub cannot be reached; {fix}, or pass a local folder"
-        ) from None
+        raise FileNotFoundError(f"{where}: not in the cache, hub unreachable; {fix}, or pass a local folder") from None
     except (HfHubHTTPError, OSError, ValueError) as e:
         raise OSError(f"{where}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
 
@@ -262,20 +243,16 @@ def _check_weights(tensors: dict, file) -> dict:
     return tensors
 
 
-def _take(tensors: dict, name: str, shape: tuple, ours: str, path, implied_by: str) -> torch.Tensor:
-    "The tensor `name` as float32, there and of the shape the config (`implied_by`) implies."
-    if name not in tensors:
-        raise ValueError(f"tensor {name!r} (for {ours}) is missing from {path}")
-    if (got := tuple(tensors[name].shape)) != tuple(shape):
-        raise ValueError(f"tensor {name!r} has shape {got}, but {implied_by} implies {tuple(shape)}")
-    return tensors[name].float()
-
-
 def _follow(plan: list, tensors: dict, path, implied_by: str) -> dict:
     "Our state_dict: each entry of the plan, its tensors taken, checked and combined; a tensor left over is an error."
     state_dict = {}
     for ours, sources, combine in plan:
-        parts = [_take(tensors, name, shape, ours, path, implied_by) for name, shape in sources]
+        for name, shape in sources:  # each there, and of the shape the config (`implied_by`) implies
+            if name not in tensors:
+                raise ValueError(f"tensor {name!r} (for {ours}) is missing from {path}")
+            if (got := tuple(tensors[name].shape)) != tuple(shape):
+                raise ValueError(f"tensor {name!r} has shape {got}, but {implied_by} implies {tuple(shape)}")
+        parts = [tensors[name].float() for name, _ in sources]
         state_dict[ours] = combine(*parts) if combine else parts[0]
     used = {name for _, sources, _ in plan for name, _ in sources} | {"lm_head.weight"}  # or a tied head's copy
     unused = sorted(n for n in set(tensors) - used if not n.endswith(_SKIP))
@@ -287,19 +264,6 @@ def _follow(plan: list, tensors: dict, path, implied_by: str) -> dict:
     return state_dict
 
 
-def _load_safetensors(path: Path) -> dict:
-    "All tensors of a Hugging Face folder: model.safetensors, or the shards listed in model.safetensors.index.json."
-    tensors = {}
-    for file in _weight_files(path):
-        try:
-            tensors.update(_check_weights(load_file(file), file))
-        except SafetensorError as e:
-            raise ValueError(
-                f"{file} cannot be read ({e}): the file is damaged or incomplete; download it again"
-            ) from None
-    return tensors
-
-
 def load_hf(path_or_name) -> tuple:
     "(GPTConfig, state_dict) from a Hugging Face GPT-2 or Llama folder or hub name, mapped to GPT's names and layouts."
     path = hf_folder(path_or_name)
@@ -307,7 +271,14 @@ def load_hf(path_or_name) -> tuple:
         raise FileNotFoundError(f"{file} not found: pass a Hugging Face model folder (config.json + safetensors)")
     hf = _read_json(file)
     config = config_from_hf(hf, source=file)  # refuses a model too big for memory: nothing built yet
-    tensors = _load_safetensors(path)
+    tensors = {}
+    for file in _weight_files(path):  # model.safetensors, or the shards model.safetensors.index.json lists
+        try:
+            tensors.update(_check_weights(load_file(file), file))
+        except SafetensorError as e:
+            raise ValueError(
+                f"{file} cannot be read ({e}): the file is damaged or incomplete; download it again"
+            ) from None
     pre = "transformer." if "transformer.wte.weight" in tensors else ""  # older GPT-2 files lack the prefix
     plan = gpt2_plan(config, pre) if _architecture(hf) == "gpt2" else llama_plan(config)
     state_dict = _follow(plan, tensors, path, "config.json")
@@ -321,21 +292,11 @@ def clean_state_dict(state_dict: dict) -> dict:
     return {re.sub(r"^(?:(?:_orig_mod|module)\.)+", "", key): value for key, value in state_dict.items()}
 
 # %% ../nbs/A3_interop.ipynb #057ab3bd
-def _asked_global(path: Path) -> str | None:
-    "The first function a plain pickle file asks for, read from its opcodes without running any (None: none found)."
-    strings = []
-    with contextlib.suppress(Exception), open(path, "rb") as f:
-        if f.read(1) != b"\x80":  # a pickle starts with its PROTO opcode
-            return None
-        f.seek(0)
-        for op, arg, _ in pickletools.genops(f):
-            if op.name in ("GLOBAL", "INST"):
-                return arg.replace(" ", ".")
-            if op.name == "STACK_GLOBAL":
-                return ".".join(strings[-2:])
-            if isinstance(arg, str):
-                strings.append(arg)
-    return None
+class _NoCalls(pickle.Unpickler):
+    "An unpickler that calls nothing: the first function a pickle asks for is refused, named as torch names it."
+
+    def find_class(self, module, name):
+        raise pickle.UnpicklingError(f"GLOBAL {module}.{name}")
 
 
 def _unpickle(path: Path):
@@ -347,27 +308,21 @@ def _unpickle(path: Path):
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        asked = re.search(r"GLOBAL ([\w.]+)", str(e))  # what torch refused to call, in its words
-        asked = asked.group(1) if asked else _asked_global(path)
-        if not asked:
+        said = str(e)  # "GLOBAL posix.system": what torch refused to call; not for a plain pickle of protocol 4+
+        try:
+            with open(path, "rb") as f:
+                if f.peek(1)[:1] == b"\x80":  # a plain pickle starts with its PROTO opcode
+                    _NoCalls(f).load()
+        except Exception as plain:
+            said += f" {plain}"
+        if not (asked := re.search(r"GLOBAL ([\w.]+)", said)):
             raise ValueError(f"{path} cannot be read (not a torch.save file of tensors): the file is damaged") from None
         raise ValueError(
-            f"{path} asks to call {asked} while loading, so it was not loaded and none of its code ran: a nanoGPT "
-            "checkpoint holds only tensors and plain values (load only files you trust)"
+            f"{path} asks to call {asked.group(1)} while loading, so it was not loaded and none of its code ran: a "
+            "nanoGPT checkpoint holds only tensors and plain values (load only files you trust)"
         ) from None
     except (RuntimeError, EOFError, OSError) as e:
         raise ValueError(f"{path} cannot be read ({str(e).splitlines()[0]}): the file is damaged") from None
-
-
-def _nanogpt_config(model_args: dict) -> GPTConfig:
-    "The GPTConfig of a nanoGPT checkpoint's `model_args`: its names, its exact GELU, its tied head."
-    return GPTConfig(
-        **_gpt2_shape(model_args, "block_size"),
-        bias=model_args["bias"],
-        dropout=model_args.get("dropout", 0.0),
-        ffn="gelu",  # nn.GELU(): the exact erf form
-        tie_weights=True,
-    )
 
 
 def _nanogpt_plan(c: GPTConfig) -> list:
@@ -388,8 +343,15 @@ def load_nanogpt(ckpt_path) -> tuple:
         raise ValueError(f"{path} is not a nanoGPT checkpoint: it has no 'model' and 'model_args' (it has {found})")
     if not isinstance(ckpt["model"], dict):
         raise ValueError(f"{path}: its 'model' is a {type(ckpt['model']).__name__}, not a dict of tensors")
-    try:
-        config = _nanogpt_config(ckpt["model_args"])
+    try:  # GPT-2's names, nn.GELU() (the exact erf form), a tied head
+        args = ckpt["model_args"]
+        config = GPTConfig(
+            **_gpt2_shape(args, "block_size"),
+            bias=args["bias"],
+            dropout=args.get("dropout", 0.0),
+            ffn="gelu",
+            tie_weights=True,
+        )
     except KeyError as e:
         raise ValueError(f"{path}: model_args has no {e}, which nanoGPT's train.py always saves") from None
     except (TypeError, ValueError) as e:  # model_args not a dict, or a value GPTConfig refuses
