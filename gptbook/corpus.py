@@ -35,11 +35,10 @@ class ChecksumError(ValueError):
 def download(url: str, dest, sha256: str | None = None, timeout=30.0) -> Path:
     "Download `url` to `dest` atomically, checking its SHA-256 if given."
     dest, h = Path(dest), hashlib.sha256()
-    with atomic_write(dest, "wb") as f:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            while block := response.read(1 << 20):
-                h.update(block)
-                f.write(block)
+    with atomic_write(dest, "wb") as f, urllib.request.urlopen(url, timeout=timeout) as response:
+        while block := response.read(1 << 20):
+            h.update(block)
+            f.write(block)
         # raised inside atomic_write: the temporary file is removed
         if sha256 is not None and h.hexdigest() != sha256:
             raise ChecksumError(
