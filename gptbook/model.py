@@ -149,8 +149,10 @@ def pick_device(device: str = "auto") -> torch.device:
         d = torch.device(device)
     except RuntimeError as e:
         raise ValueError(f"unknown device {device!r}: use 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'") from e
-    if not {"cuda": torch.cuda.is_available(), "mps": mps}.get(d.type, True):
-        raise ValueError(f"device {device!r} was asked for, but this PyTorch cannot use it here; use 'cpu' or 'auto'")
+    if d.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} was asked for, but this PyTorch sees no CUDA GPU; use 'cpu' or 'auto'")
+    if d.type == "mps" and not mps:
+        raise ValueError(f"device {device!r} was asked for, but Apple's MPS is not available here; use 'cpu' or 'auto'")
     return d
 
 
