@@ -111,11 +111,8 @@ class MultiHeadAttention(nn.Module):
         p = self.dropout_p if self.training else 0.0
         if self.use_sdpa and T_k == T:
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
-        else:
-            mask = causal_mask(T, T_k, device=x.device)  # (T, T_k), bottom-right aligned for the cache
-            if self.use_sdpa:
-                y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
-            else:
-                y = scaled_dot_product_attention(q, k, v, mask, dropout_p=p)
+        else:  # the mask (T, T_k), bottom-right aligned for the cache; use_sdpa=False: the manual attention
+            attend = F.scaled_dot_product_attention if self.use_sdpa else scaled_dot_product_attention
+            y = attend(q, k, v, causal_mask(T, T_k, device=x.device), dropout_p=p)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, d_model): heads side by side
         return self.resid_dropout(self.c_proj(y))

@@ -35,11 +35,10 @@ class ChecksumError(ValueError):
 def download(url: str, dest, sha256: str | None = None, timeout=30.0) -> Path:
     "Download `url` to `dest` atomically, checking its SHA-256 if given."
     dest, h = Path(dest), hashlib.sha256()
-    with atomic_write(dest, "wb") as f:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            while block := response.read(1 << 20):
-                h.update(block)
-                f.write(block)
+    with atomic_write(dest, "wb") as f, urllib.request.urlopen(url, timeout=timeout) as response:
+        while block := response.read(1 << 20):
+            h.update(block)
+            f.write(block)
         # raised inside atomic_write: the temporary file is removed
         if sha256 is not None and h.hexdigest() != sha256:
             raise ChecksumError(
@@ -47,23 +46,6 @@ def download(url: str, dest, sha256: str | None = None, timeout=30.0) -> Path:
                 f"the expected one; nothing was written to {dest}."
             )
     return dest
-
-# %% ../nbs/07_data.ipynb #e9d69eba
-#| code-fold: true
-def _env_data_file() -> Path | None:
-    "The file named by `$GPTBOOK_DATA` (a file, or a folder holding the file), or None if unset."
-    value = os.environ.get("GPTBOOK_DATA")
-    if not value:
-        return None
-    p = Path(value).expanduser()
-    if p.is_dir():
-        p = p / TINY_SHAKESPEARE_FILENAME
-    if not p.is_file():
-        raise FileNotFoundError(
-            f"GPTBOOK_DATA={value!r} but {p} does not exist. Point GPTBOOK_DATA at "
-            f"tinyshakespeare.txt (or a folder containing it), or unset it to use the cache."
-        )
-    return p
 
 # %% ../nbs/07_data.ipynb #2c2473fb
 #| code-fold: true
@@ -74,19 +56,6 @@ def _how_to_supply(cache_file: Path) -> str:
         f"or copy it to {cache_file}; or, in Python, pass tiny_shakespeare(path=...). The file is "
         f"{TINY_SHAKESPEARE_URL} (sha256 {TINY_SHAKESPEARE_SHA256})."
     )
-
-# %% ../nbs/07_data.ipynb #3deaa6de
-#| code-fold: true
-def _verified(p: Path, sha256: str, verify: bool, where: str) -> Path:
-    if verify and (digest := sha256_of(p)) != sha256:
-        unset = " (or point GPTBOOK_DATA elsewhere, or unset it)" if "GPTBOOK_DATA" in where else ""
-        raise ChecksumError(
-            f"{p} ({where}) has SHA-256 {digest}, but Tiny Shakespeare has {sha256}: it is a different or damaged "
-            f"file. For Tiny Shakespeare, replace it{unset}; to train on this text, pass it as your own "
-            f"data, `gptbook train --data {p}` or load_token_data(path=...), which read any UTF-8 text; "
-            "or pass verify=False to use it as Tiny Shakespeare anyway."
-        )
-    return p
 
 # %% ../nbs/07_data.ipynb #56226e53
 #| code-fold: true
@@ -99,27 +68,37 @@ def tiny_shakespeare_path(
     sha256: str = TINY_SHAKESPEARE_SHA256,
 ) -> Path:
     "Locate (and if needed download) Tiny Shakespeare: `path`, then `$GPTBOOK_DATA`, then the cache, then `url`."
-    if path is not None:
-        p = Path(path).expanduser()
-        if not p.is_file():
+    env, cached = os.environ.get("GPTBOOK_DATA"), cache_dir() / TINY_SHAKESPEARE_FILENAME
+    given = path if path is not None else env or None
+    if given is None and not cached.is_file():  # nowhere here: download it
+        if not download_missing:
             raise FileNotFoundError(
-                f"No file at {p}. Pass the path of tinyshakespeare.txt, or path=None to use "
-                f"$GPTBOOK_DATA, the cache or a download."
+                f"Tiny Shakespeare is not in the cache and download_missing=False. {_how_to_supply(cached)}"
             )
-        return _verified(p, sha256, verify, "the path argument")
-    if (p := _env_data_file()) is not None:
-        return _verified(p, sha256, verify, "from $GPTBOOK_DATA")
-    cached = cache_dir() / TINY_SHAKESPEARE_FILENAME
-    if cached.is_file():
-        return _verified(cached, sha256, verify, "the cache")
-    if not download_missing:
+        try:
+            return download(url, cached, sha256=sha256)
+        except (http.client.HTTPException, OSError) as e:  # URLError is an OSError; a ChecksumError passes through
+            raise ConnectionError(
+                f"Could not download Tiny Shakespeare from {url} ({e}). {_how_to_supply(cached)}"
+            ) from e
+    where = "the path argument" if path is not None else f"GPTBOOK_DATA={env!r}" if given else "the cache"
+    p = cached if given is None else Path(given).expanduser()
+    if path is None and p.is_dir():  # $GPTBOOK_DATA may name the folder that holds the file
+        p = p / TINY_SHAKESPEARE_FILENAME
+    if not p.is_file():
         raise FileNotFoundError(
-            f"Tiny Shakespeare is not in the cache and download_missing=False. {_how_to_supply(cached)}"
+            f"No file at {p} ({where}): point it at tinyshakespeare.txt (GPTBOOK_DATA: or at a folder holding it), "
+            "or leave it out (path=None, GPTBOOK_DATA unset) to use the cache or a download."
         )
-    try:
-        return download(url, cached, sha256=sha256)
-    except (http.client.HTTPException, OSError) as e:  # URLError is an OSError; a ChecksumError passes through
-        raise ConnectionError(f"Could not download Tiny Shakespeare from {url} ({e}). {_how_to_supply(cached)}") from e
+    if verify and (digest := sha256_of(p)) != sha256:
+        unset = " (or point GPTBOOK_DATA elsewhere, or unset it)" if "GPTBOOK_DATA" in where else ""
+        raise ChecksumError(
+            f"{p} ({where}) has SHA-256 {digest}, but Tiny Shakespeare has {sha256}: it is a different or damaged "
+            f"file. For Tiny Shakespeare, replace it{unset}; to train on this text, pass it as your own "
+            f"data, `gptbook train --data {p}` or load_token_data(path=...), which read any UTF-8 text; "
+            "or pass verify=False to use it as Tiny Shakespeare anyway."
+        )
+    return p
 
 # %% ../nbs/07_data.ipynb #2ffbbcc3
 def tiny_shakespeare(path: str | Path | None = None, **kwargs) -> str:

@@ -151,8 +151,7 @@ def load_token_data(
     source = "Tiny Shakespeare" if path is None else Path(path).expanduser()
     if not text:
         raise ValueError(f"{source} is empty: there is no text to learn from; give a file with some text in it")
-    parts = train_val_split(text, val_fraction)
-    tok, train, val = _tokenize(tokenizer, *parts, vocab_size, cache)
+    tok, train, val = _tokenize(tokenizer, *train_val_split(text, val_fraction), vocab_size, cache)
     if not len(train) or not len(val):
         kind = tokenizer if isinstance(tokenizer, str) else type(tokenizer).__name__
         raise ValueError(

@@ -102,9 +102,8 @@ class GPT(nn.Module):
     def make_cache(self, batch_size: int, max_seq_len: int | None = None, device=None, dtype=None) -> list:
         "One empty KVCache per block for max_seq_len positions (default: the config's), on the model's device, dtype."
         c, w = self.config, self.wte.weight
-        device, dtype = device or w.device, dtype or w.dtype
         shape = (batch_size, c.resolved_kv_heads, max_seq_len or c.max_seq_len, c.head_dim)
-        return [KVCache(*shape, device=device, dtype=dtype) for _ in self.blocks]
+        return [KVCache(*shape, device=device or w.device, dtype=dtype or w.dtype) for _ in self.blocks]
 
     def num_params(self, exclude_embeddings: bool = False) -> int:
         "Number of parameters, a tied matrix counted once; optionally without the token and position tables."
@@ -116,9 +115,7 @@ class GPT(nn.Module):
     def flops_per_token(self, seq_len: int | None = None, training: bool = True) -> int:
         "Matmul FLOPs per token: 2N + 4 L d T forward (N without lookup tables), three times that to train."
         c, T = self.config, seq_len or self.config.max_seq_len
-        n = self.num_params() - sum(p.numel() for p in self.wpe.parameters())  # a learned table is a lookup
-        if not c.tie_weights:
-            n -= self.wte.weight.numel()  # untied: the embedding is only a lookup
+        n = self.num_params(exclude_embeddings=True) + c.tie_weights * self.wte.weight.numel()  # tied: wte is the head
         forward = 2 * n + 4 * c.n_layers * c.d_model * T  # + q.k with T keys and the sum of T values
         return 3 * forward if training else forward
 

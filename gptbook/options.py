@@ -170,18 +170,12 @@ class Options:
         # A field added after configs were first written: a config without it means what it meant then.
         older = {f.name: f.metadata.get("absent", _NO_DEFAULT) for f in fields if f.name not in d}
         older = {k: v for k, v in older.items() if v is not _NO_DEFAULT}
-        types_ = field_types(cls)
-        return cls(**older, **{k: _from_json(types_[k], v) for k, v in d.items()})
+        tuples = {k for k, hint in field_types(cls).items() if typing.get_origin(split_optional(hint)[0]) is tuple}
+        return cls(**older, **{k: tuple(v) if k in tuples and isinstance(v, list) else v for k, v in d.items()})
 
     def replace(self, **changes):
         "A copy with `changes` applied (and checked)."
         return dataclasses.replace(self, **changes)
-
-
-def _from_json(hint, value):
-    "Turn a JSON list back into a tuple where the field is a tuple."
-    base, _ = split_optional(hint)
-    return tuple(value) if (typing.get_origin(base) or base) is tuple and isinstance(value, list) else value
 
 # %% ../nbs/A1_options.ipynb #a1shape2
 def check_choice(name: str, value, choices: tuple) -> None:

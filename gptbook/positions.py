@@ -21,13 +21,12 @@ class LearnedPositions(nn.Module):
 
     def __init__(self, max_seq_len: int, d_model: int):
         super().__init__()
-        self.max_seq_len = max_seq_len
         # std 1/sqrt(d_model) like the token table; a model may re-initialize it (GPT-2 uses 0.01)
         self.weight = nn.Parameter(torch.randn(max_seq_len, d_model) / math.sqrt(d_model))
 
     def table(self, T: int, start: int = 0) -> torch.Tensor:
         "Rows start..start+T-1 of the table: (T, d_model)."
-        check_positions(start, T, self.max_seq_len)
+        check_positions(start, T, len(self.weight))
         return self.weight[start : start + T]  # (T, d_model)
 
     def forward(self, x: torch.Tensor, start: int = 0) -> tuple[torch.Tensor, None]:

@@ -46,9 +46,7 @@ def multi_head_attention(
     B, T, d_model = x.shape
     n_kv_heads = check_heads(d_model, n_heads, n_kv_heads)
     head_dim = d_model // n_heads
-    qkv = x @ param(params, "c_attn.weight").T  # (B, T, (n_heads + 2 n_kv_heads) head_dim)
-    if "c_attn.bias" in params:
-        qkv = qkv + params["c_attn.bias"]
+    qkv = x @ param(params, "c_attn.weight").T + params.get("c_attn.bias", 0)  # (B, T, (n_heads + 2 n_kv) head_dim)
     q_end, k_end = n_heads * head_dim, (n_heads + n_kv_heads) * head_dim
     q = qkv[..., :q_end].reshape(B, T, n_heads, head_dim).transpose(0, 2, 1, 3)  # (B, n_heads, T, head_dim)
     k = qkv[..., q_end:k_end].reshape(B, T, n_kv_heads, head_dim).transpose(0, 2, 1, 3)  # (B, n_kv_heads, T, head_dim)
@@ -59,5 +57,4 @@ def multi_head_attention(
     k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)  # (B, n_heads, T, head_dim)
     y = scaled_dot_product_attention(q, k, v, causal_mask(T))  # (B, n_heads, T, head_dim)
     y = y.transpose(0, 2, 1, 3).reshape(B, T, d_model)  # heads side by side again: the concatenation
-    y = y @ param(params, "c_proj.weight").T
-    return y + params["c_proj.bias"] if "c_proj.bias" in params else y  # (B, T, d_model)
+    return y @ param(params, "c_proj.weight").T + params.get("c_proj.bias", 0)  # (B, T, d_model); no bias: + 0

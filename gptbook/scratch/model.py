@@ -189,20 +189,14 @@ _GPT2 = {  # the switches of GPTConfig that loss_and_grads is written for
 }
 
 
-def _gpt2_config(config):
-    "The fields of `config` (as forward reads them) if it has GPT-2's design."
+def loss_and_grads(params, idx, targets, config):
+    "The mean cross-entropy of next tokens `targets` (B, T), and its gradient."
     c = _config(config)
     other = {k: getattr(c, k) for k, v in _GPT2.items() if getattr(c, k) != v}
     if c.n_kv_heads not in (None, c.n_heads):
         other["n_kv_heads"] = c.n_kv_heads
     if other:
         raise ValueError(f"loss_and_grads supports GPT-2's design only, {_GPT2}; this config has {other}")
-    return c
-
-
-def loss_and_grads(params, idx, targets, config):
-    "The mean cross-entropy of next tokens `targets` (B, T), and its gradient."
-    c = _gpt2_config(config)
     idx, targets = np.asarray(idx), np.asarray(targets)
     wte, wpe = params["wte.weight"], params["wpe.weight"]
     x = embed(wte, idx) + learned_positions(wpe, idx.shape[1])  # (B, T, C)
