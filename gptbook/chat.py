@@ -319,11 +319,10 @@ def load_adapters(model: nn.Module, path) -> nn.Module:
     tensors = load_file(str(path))
     layers = {k.rsplit(".", 2)[-2] for k in tensors if ".lora_" in k}  # blocks.0.attn.c_attn.lora_A -> c_attn
     rank = next(v.shape[0] for k, v in tensors.items() if k.endswith("lora_A"))
-    add_lora(model, rank, layers=tuple(layers))
-    try:
-        unexpected = model.load_state_dict(tensors, strict=False).unexpected_keys
-    except RuntimeError as e:  # a shape that differs
-        raise ValueError(f"{path} holds adapters of another model: {str(e).splitlines()[1].strip()}") from None
-    if unexpected or not {k for k in model.state_dict() if k.endswith(("lora_A", "lora_B"))} <= set(tensors):
-        raise ValueError(f"{path} holds adapters of another model: {sorted(unexpected or tensors)[:3]}")
+    state = add_lora(model, rank, layers=tuple(layers)).state_dict()
+    wrong = [k for k, v in tensors.items() if k not in state or v.shape != state[k].shape]  # names or shapes
+    wrong += [k for k in state if k.endswith(("lora_A", "lora_B")) and k not in tensors]  # adapters it lacks
+    if wrong:
+        raise ValueError(f"{path} holds adapters of another model: {', '.join(sorted(wrong)[:3])} do not fit")
+    model.load_state_dict(tensors, strict=False)
     return model
