@@ -54,20 +54,19 @@ def record(model: nn.Module):
     if not isinstance(getattr(model, "blocks", None), nn.ModuleList):
         raise TypeError(f"record() needs a model with a `blocks` ModuleList (a GPT), got {type(model).__name__}")
     rec, layers = Recording(), attention_layers(model)
-    n_heads = {a.c_proj: a.n_heads for a in layers}
 
     def save_weights(attn, args, kwargs, out):
         if kwargs.get("cache") is not None:
             raise ValueError("record() reads whole sequences: call the model without a KV cache inside it")
         rec.attn.append(attention_weights(attn, args[0], kwargs.get("rope")).detach())
 
-    def save_heads(proj, args, out):  # args: what the projection was given
-        rec.heads.append(args[0].unflatten(-1, (n_heads[proj], -1)).detach())
+    def save_heads(proj, args, out, n_heads):  # args: what the projection was given
+        rec.heads.append(args[0].unflatten(-1, (n_heads, -1)).detach())
 
     handles = [model.blocks[0].register_forward_pre_hook(lambda m, args: rec.resid.append(args[0].detach()))]
     handles += [b.register_forward_hook(lambda m, args, out: rec.resid.append(out.detach())) for b in model.blocks]
     handles += [a.register_forward_hook(save_weights, with_kwargs=True) for a in layers]
-    handles += [a.c_proj.register_forward_hook(save_heads) for a in layers]
+    handles += [a.c_proj.register_forward_hook(functools.partial(save_heads, n_heads=a.n_heads)) for a in layers]
     try:
         yield rec
     finally:
