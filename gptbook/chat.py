@@ -158,9 +158,8 @@ IGNORE = -100  # F.cross_entropy's ignore_index: a target that takes no loss
 # %% ../nbs/16_assistant.ipynb #c16rows02
 def conversation_rows(items, tokenizer) -> torch.Tensor:
     "One row per (question, answer): its ids, and its targets (IGNORE but on the answer), padded to the longest."
-    rendered = [
-        render([{"role": "user", "content": q}, {"role": "assistant", "content": a}], tokenizer) for q, a in items
-    ]
+    turns = [[{"role": "user", "content": q}, {"role": "assistant", "content": a}] for q, a in items]
+    rendered = [render(t, tokenizer) for t in turns]
     end, width = chat_ids(tokenizer)[2], max(len(ids) for ids, _ in rendered)
     rows = torch.full((len(rendered), 2, width), IGNORE, dtype=torch.long)
     for row, (ids, mask) in zip(rows, rendered):
@@ -205,8 +204,7 @@ def chat_ready(config, weights: dict, tokenizer):
         return config, weights, tokenizer
     weights = dict(weights)
     for name in ("wte.weight", "lm_head.weight"):  # a tied head: both names hold the one table
-        if name in weights:
-            w = weights[name]  # (V, d_model)
+        if (w := weights.get(name)) is not None:  # (V, d_model)
             weights[name] = torch.cat([w, w.mean(0, keepdim=True).expand(grow, -1)])
     return config.replace(vocab_size=tokenizer.vocab_size), weights, tokenizer
 
@@ -277,13 +275,11 @@ def _lora_forward(m: nn.Linear, inputs, out):
 def add_lora(model: nn.Module, rank: int, alpha: float = 16.0, dropout: float = 0.0, layers=None, rows=()):
     """Freeze `model`; its blocks' linear layers (or those named in `layers`) learn a change W x + (alpha / rank) B A x,
     and the embedding rows `rows` (new tokens: a frozen row is no token yet) learn too, in the head if it is untied."""
-    for p in model.parameters():
-        p.requires_grad_(False)
+    model.requires_grad_(False)
     for name, m in model.named_modules():
         if isinstance(m, nn.Linear) and (name.rsplit(".", 1)[-1] in layers if layers else name.startswith("blocks.")):
-            w = m.weight
-            m.lora_A = nn.Parameter(torch.randn(rank, m.in_features, device=w.device) / math.sqrt(m.in_features))
-            m.lora_B = nn.Parameter(torch.zeros(m.out_features, rank, device=w.device))  # starts as the base
+            m.lora_A = nn.Parameter(torch.randn(rank, m.in_features, device=m.weight.device) / math.sqrt(m.in_features))
+            m.lora_B = nn.Parameter(torch.zeros(m.out_features, rank, device=m.weight.device))  # starts as the base
             m.register_buffer("lora_scale", torch.tensor(alpha / rank))
             m.lora_dropout, m.lora_hook = dropout, m.register_forward_hook(_lora_forward)
     for table in {model.wte.weight, model.lm_head.weight} if len(rows) else ():
@@ -293,12 +289,12 @@ def add_lora(model: nn.Module, rank: int, alpha: float = 16.0, dropout: float = 
     return model
 
 
+@torch.no_grad()
 def merge_lora(model: nn.Module) -> nn.Module:
     "Fold each adapter into its layer's weight, W + (alpha / rank) B A, and remove it: a plain model again."
     for m in model.modules():
         if hasattr(m, "lora_A"):
-            with torch.no_grad():
-                m.weight += m.lora_scale * m.lora_B @ m.lora_A
+            m.weight += m.lora_scale * m.lora_B @ m.lora_A
             m.lora_hook.remove()
             del m.lora_A, m.lora_B, m.lora_scale, m.lora_dropout, m.lora_hook
     return model
