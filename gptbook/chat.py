@@ -5,8 +5,8 @@
 # %% auto #0
 __all__ = ['TASKS', 'SPECIALS', 'CHAR_SPECIALS', 'ROLES', 'IGNORE', 'SFT', 'LORA_LR', 'split_of', 'task_items', 'add_chat_tokens',
            'chat_ids', 'check_messages', 'render', 'parse', 'conversation_rows', 'get_rows', 'ChatData', 'chat_data',
-           'chat_ready', 'sft_config', 'complete', 'replies', 'exact_match', 'few_shot', 'bootstrap', 'add_lora',
-           'merge_lora', 'save_adapters', 'load_adapters']
+           'chat_ready', 'sft_config', 'complete', 'exact_match', 'few_shot', 'bootstrap', 'add_lora', 'merge_lora',
+           'save_adapters', 'load_adapters']
 
 # %% ../nbs/16_assistant.ipynb #c16imp001
 import functools
@@ -232,16 +232,11 @@ def complete(model, prompts, max_new_tokens: int, stop=None, batch_size: int = 6
     return out
 
 
-def replies(model, tokenizer, conversations, max_new_tokens: int = 32, **sampling) -> list[str]:
-    "The model's answer to the last user message of each conversation, to its end-of-turn token."
-    prompts = [render(c, tokenizer, generation=True)[0] for c in conversations]
-    return [tokenizer.decode(r) for r in complete(model, prompts, max_new_tokens, chat_ids(tokenizer)[2], **sampling)]
-
-
-def exact_match(model, tokenizer, items, **sampling) -> list[bool]:
-    "Whether the model's reply to each (question, answer) is the answer, exactly."
-    answers = replies(model, tokenizer, [[{"role": "user", "content": q}] for q, _ in items], **sampling)
-    return [got == a for got, (_, a) in zip(answers, items)]
+def exact_match(model, tokenizer, items, max_new_tokens: int = 32, **sampling) -> list[bool]:
+    "Whether the model's reply to each (question, answer), up to its end-of-turn token, is the answer, exactly."
+    prompts = [render([{"role": "user", "content": q}], tokenizer, generation=True)[0] for q, _ in items]
+    answers = complete(model, prompts, max_new_tokens, chat_ids(tokenizer)[2], **sampling)
+    return [tokenizer.decode(got) == a for got, (_, a) in zip(answers, items)]
 
 
 def few_shot(model, tokenizer, items, shots, max_new_tokens: int = 16) -> list[bool]:
