@@ -84,9 +84,9 @@ def patch(model: nn.Module, outputs: dict):
     "Inside the `with`, head (layer, head) outputs outputs[(layer, head)]."
     layers, handles = attention_layers(model), []
 
-    def replace(proj, args, features, value):  # value: anything broadcast to (B, T, head_dim)
+    def replace(proj, args, n_heads, head, value):  # value: anything broadcast to (B, T, head_dim)
         y = args[0].clone()  # (B, T, d_model): head h fills features h * head_dim to (h + 1) * head_dim
-        y[..., features] = value
+        y.unflatten(-1, (n_heads, -1))[..., head, :] = value  # a view of y: (B, T, n_heads, head_dim)
         return (y,)
 
     try:
@@ -94,9 +94,8 @@ def patch(model: nn.Module, outputs: dict):
             if not (0 <= layer < len(layers) and 0 <= head < layers[layer].n_heads):
                 shape = f"{len(layers)} attention layers of {layers[0].n_heads if layers else 0} heads"
                 raise ValueError(f"no head ({layer}, {head}): the model has {shape}, numbered from 0")
-            hd, proj = layers[layer].head_dim, layers[layer].c_proj
-            features = slice(head * hd, (head + 1) * hd)
-            handles.append(proj.register_forward_pre_hook(functools.partial(replace, features=features, value=value)))
+            hook = functools.partial(replace, n_heads=layers[layer].n_heads, head=head, value=value)
+            handles.append(layers[layer].c_proj.register_forward_pre_hook(hook))
         yield
     finally:
         for h in handles:
