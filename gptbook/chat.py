@@ -5,8 +5,8 @@
 # %% auto #0
 __all__ = ['TASKS', 'SPECIALS', 'CHAR_SPECIALS', 'ROLES', 'IGNORE', 'SFT', 'LORA_LR', 'split_of', 'task_items', 'add_chat_tokens',
            'chat_ids', 'check_messages', 'render', 'parse', 'conversation_rows', 'get_rows', 'ChatData', 'chat_data',
-           'chat_ready', 'sft_config', 'complete', 'replies', 'exact_match', 'few_shot', 'bootstrap', 'add_lora',
-           'merge_lora', 'save_adapters', 'load_adapters']
+           'chat_ready', 'sft_config', 'complete', 'exact_match', 'few_shot', 'bootstrap', 'add_lora', 'merge_lora',
+           'save_adapters', 'load_adapters']
 
 # %% ../nbs/16_assistant.ipynb #c16imp001
 import functools
@@ -158,9 +158,8 @@ IGNORE = -100  # F.cross_entropy's ignore_index: a target that takes no loss
 # %% ../nbs/16_assistant.ipynb #c16rows02
 def conversation_rows(items, tokenizer) -> torch.Tensor:
     "One row per (question, answer): its ids, and its targets (IGNORE but on the answer), padded to the longest."
-    rendered = [
-        render([{"role": "user", "content": q}, {"role": "assistant", "content": a}], tokenizer) for q, a in items
-    ]
+    turns = [[{"role": "user", "content": q}, {"role": "assistant", "content": a}] for q, a in items]
+    rendered = [render(t, tokenizer) for t in turns]
     end, width = chat_ids(tokenizer)[2], max(len(ids) for ids, _ in rendered)
     rows = torch.full((len(rendered), 2, width), IGNORE, dtype=torch.long)
     for row, (ids, mask) in zip(rows, rendered):
@@ -205,8 +204,7 @@ def chat_ready(config, weights: dict, tokenizer):
         return config, weights, tokenizer
     weights = dict(weights)
     for name in ("wte.weight", "lm_head.weight"):  # a tied head: both names hold the one table
-        if name in weights:
-            w = weights[name]  # (V, d_model)
+        if (w := weights.get(name)) is not None:  # (V, d_model)
             weights[name] = torch.cat([w, w.mean(0, keepdim=True).expand(grow, -1)])
     return config.replace(vocab_size=tokenizer.vocab_size), weights, tokenizer
 
@@ -234,16 +232,11 @@ def complete(model, prompts, max_new_tokens: int, stop=None, batch_size: int = 6
     return out
 
 
-def replies(model, tokenizer, conversations, max_new_tokens: int = 32, **sampling) -> list[str]:
-    "The model's answer to the last user message of each conversation, to its end-of-turn token."
-    prompts = [render(c, tokenizer, generation=True)[0] for c in conversations]
-    return [tokenizer.decode(r) for r in complete(model, prompts, max_new_tokens, chat_ids(tokenizer)[2], **sampling)]
-
-
-def exact_match(model, tokenizer, items, **sampling) -> list[bool]:
-    "Whether the model's reply to each (question, answer) is the answer, exactly."
-    answers = replies(model, tokenizer, [[{"role": "user", "content": q}] for q, _ in items], **sampling)
-    return [got == a for got, (_, a) in zip(answers, items)]
+def exact_match(model, tokenizer, items, max_new_tokens: int = 32, **sampling) -> list[bool]:
+    "Whether the model's reply to each (question, answer), up to its end-of-turn token, is the answer, exactly."
+    prompts = [render([{"role": "user", "content": q}], tokenizer, generation=True)[0] for q, _ in items]
+    answers = complete(model, prompts, max_new_tokens, chat_ids(tokenizer)[2], **sampling)
+    return [tokenizer.decode(got) == a for got, (_, a) in zip(answers, items)]
 
 
 def few_shot(model, tokenizer, items, shots, max_new_tokens: int = 16) -> list[bool]:
@@ -277,13 +270,11 @@ def _lora_forward(m: nn.Linear, inputs, out):
 def add_lora(model: nn.Module, rank: int, alpha: float = 16.0, dropout: float = 0.0, layers=None, rows=()):
     """Freeze `model`; its blocks' linear layers (or those named in `layers`) learn a change W x + (alpha / rank) B A x,
     and the embedding rows `rows` (new tokens: a frozen row is no token yet) learn too, in the head if it is untied."""
-    for p in model.parameters():
-        p.requires_grad_(False)
+    model.requires_grad_(False)
     for name, m in model.named_modules():
         if isinstance(m, nn.Linear) and (name.rsplit(".", 1)[-1] in layers if layers else name.startswith("blocks.")):
-            w = m.weight
-            m.lora_A = nn.Parameter(torch.randn(rank, m.in_features, device=w.device) / math.sqrt(m.in_features))
-            m.lora_B = nn.Parameter(torch.zeros(m.out_features, rank, device=w.device))  # starts as the base
+            m.lora_A = nn.Parameter(torch.randn(rank, m.in_features, device=m.weight.device) / math.sqrt(m.in_features))
+            m.lora_B = nn.Parameter(torch.zeros(m.out_features, rank, device=m.weight.device))  # starts as the base
             m.register_buffer("lora_scale", torch.tensor(alpha / rank))
             m.lora_dropout, m.lora_hook = dropout, m.register_forward_hook(_lora_forward)
     for table in {model.wte.weight, model.lm_head.weight} if len(rows) else ():
@@ -293,12 +284,12 @@ def add_lora(model: nn.Module, rank: int, alpha: float = 16.0, dropout: float = 
     return model
 
 
+@torch.no_grad()
 def merge_lora(model: nn.Module) -> nn.Module:
     "Fold each adapter into its layer's weight, W + (alpha / rank) B A, and remove it: a plain model again."
     for m in model.modules():
         if hasattr(m, "lora_A"):
-            with torch.no_grad():
-                m.weight += m.lora_scale * m.lora_B @ m.lora_A
+            m.weight += m.lora_scale * m.lora_B @ m.lora_A
             m.lora_hook.remove()
             del m.lora_A, m.lora_B, m.lora_scale, m.lora_dropout, m.lora_hook
     return model
@@ -319,11 +310,10 @@ def load_adapters(model: nn.Module, path) -> nn.Module:
     tensors = load_file(str(path))
     layers = {k.rsplit(".", 2)[-2] for k in tensors if ".lora_" in k}  # blocks.0.attn.c_attn.lora_A -> c_attn
     rank = next(v.shape[0] for k, v in tensors.items() if k.endswith("lora_A"))
-    add_lora(model, rank, layers=tuple(layers))
-    try:
-        unexpected = model.load_state_dict(tensors, strict=False).unexpected_keys
-    except RuntimeError as e:  # a shape that differs
-        raise ValueError(f"{path} holds adapters of another model: {str(e).splitlines()[1].strip()}") from None
-    if unexpected or not {k for k in model.state_dict() if k.endswith(("lora_A", "lora_B"))} <= set(tensors):
-        raise ValueError(f"{path} holds adapters of another model: {sorted(unexpected or tensors)[:3]}")
+    state = add_lora(model, rank, layers=tuple(layers)).state_dict()
+    wrong = [k for k, v in tensors.items() if k not in state or v.shape != state[k].shape]  # names or shapes
+    wrong += [k for k in state if k.endswith(("lora_A", "lora_B")) and k not in tensors]  # adapters it lacks
+    if wrong:
+        raise ValueError(f"{path} holds adapters of another model: {', '.join(sorted(wrong)[:3])} do not fit")
+    model.load_state_dict(tensors, strict=False)
     return model

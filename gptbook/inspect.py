@@ -8,6 +8,7 @@ __all__ = ['attention_layers', 'attention_weights', 'Recording', 'record', 'logi
            'repeat_batch', 'train_induction', 'phase_change_step', 'head_costs', 'patch_heads', 'circuit_test']
 
 # %% ../nbs/14_inside.ipynb #f49ee3cf
+import functools
 import math
 import time
 from contextlib import contextmanager
@@ -53,20 +54,19 @@ def record(model: nn.Module):
     if not isinstance(getattr(model, "blocks", None), nn.ModuleList):
         raise TypeError(f"record() needs a model with a `blocks` ModuleList (a GPT), got {type(model).__name__}")
     rec, layers = Recording(), attention_layers(model)
-    n_heads = {a.c_proj: a.n_heads for a in layers}
 
     def save_weights(attn, args, kwargs, out):
         if kwargs.get("cache") is not None:
             raise ValueError("record() reads whole sequences: call the model without a KV cache inside it")
         rec.attn.append(attention_weights(attn, args[0], kwargs.get("rope")).detach())
 
-    def save_heads(proj, args, out):  # args: what the projection was given
-        rec.heads.append(args[0].unflatten(-1, (n_heads[proj], -1)).detach())
+    def save_heads(proj, args, out, n_heads):  # args: what the projection was given
+        rec.heads.append(args[0].unflatten(-1, (n_heads, -1)).detach())
 
     handles = [model.blocks[0].register_forward_pre_hook(lambda m, args: rec.resid.append(args[0].detach()))]
     handles += [b.register_forward_hook(lambda m, args, out: rec.resid.append(out.detach())) for b in model.blocks]
     handles += [a.register_forward_hook(save_weights, with_kwargs=True) for a in layers]
-    handles += [a.c_proj.register_forward_hook(save_heads) for a in layers]
+    handles += [a.c_proj.register_forward_hook(functools.partial(save_heads, n_heads=a.n_heads)) for a in layers]
     try:
         yield rec
     finally:
@@ -82,24 +82,20 @@ def logit_lens(model: nn.Module, resid: list) -> torch.Tensor:
 @contextmanager
 def patch(model: nn.Module, outputs: dict):
     "Inside the `with`, head (layer, head) outputs outputs[(layer, head)]."
-    layers = attention_layers(model)
-    by_layer = {}
-    for (layer, head), value in outputs.items():
-        if not (0 <= layer < len(layers) and 0 <= head < layers[layer].n_heads):
-            shape = f"{len(layers)} attention layers of {layers[0].n_heads if layers else 0} heads"
-            raise ValueError(f"no head ({layer}, {head}): the model has {shape}, numbered from 0")
-        by_layer.setdefault(layer, {})[head] = value
+    layers, handles = attention_layers(model), []
 
-    by_proj = {layers[i].c_proj: (layers[i].head_dim, values) for i, values in by_layer.items()}
-
-    def replace(proj, args):
-        (hd, values), y = by_proj[proj], args[0].clone()  # y: (B, T, d_model); head h: h * hd:(h + 1) * hd
-        for h, value in values.items():  # value: anything broadcast to (B, T, hd)
-            y[..., h * hd : (h + 1) * hd] = value
+    def replace(proj, args, n_heads, head, value):  # value: anything broadcast to (B, T, head_dim)
+        y = args[0].clone()  # (B, T, d_model): head h fills features h * head_dim to (h + 1) * head_dim
+        y.unflatten(-1, (n_heads, -1))[..., head, :] = value  # a view of y: (B, T, n_heads, head_dim)
         return (y,)
 
-    handles = [proj.register_forward_pre_hook(replace) for proj in by_proj]
     try:
+        for (layer, head), value in outputs.items():
+            if not (0 <= layer < len(layers) and 0 <= head < layers[layer].n_heads):
+                shape = f"{len(layers)} attention layers of {layers[0].n_heads if layers else 0} heads"
+                raise ValueError(f"no head ({layer}, {head}): the model has {shape}, numbered from 0")
+            hook = functools.partial(replace, n_heads=layers[layer].n_heads, head=head, value=value)
+            handles.append(layers[layer].c_proj.register_forward_pre_hook(hook))
         yield
     finally:
         for h in handles:
@@ -190,23 +186,13 @@ def _measure(model, eval_batch, probe, period) -> dict:
 
 
 def train_induction(
-    n_layers: int = 2,
-    seed: int = 0,
-    steps: int = 1500,
-    eval_every: int = 25,
-    vocab_size: int = 64,
-    seq_len: int = 32,
-    periods=(8, 16),
-    n_heads: int = 2,
-    d_model: int = 32,
-    batch_size: int = 32,
-    lr: float = 3e-3,
-    probe_period: int = 12,
+    n_layers=2, seed=0, steps=1500, eval_every=25, seq_len=32, periods=(8, 16), batch_size=32, probe_period=12
 ):
-    "Train an AttentionOnly model on repeat_batch sequences; return it and its history."
+    "Train an AttentionOnly model (2 heads, d_model 32, 64 ids) on repeat_batch sequences; return it and its history."
     torch.manual_seed(seed)
-    model = AttentionOnly(vocab_size, seq_len, n_layers, n_heads, d_model)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    vocab_size = 64
+    model = AttentionOnly(vocab_size, seq_len, n_layers)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
     g_train = torch.Generator().manual_seed(seed)
     g_eval = torch.Generator().manual_seed(10_000 + seed)
     eval_batch = repeat_batch(128, seq_len, vocab_size, periods, g_eval)
@@ -232,17 +218,20 @@ def phase_change_step(history: list, vocab_size: int = 64) -> int | None:
     return next((h["step"] for h in history if h["repeated"] < math.log(vocab_size) / 2), None)
 
 # %% ../nbs/14_inside.ipynb #causal02
+def _head_outputs(model, idx) -> dict:
+    "Each head's output on `idx`, (B, T, head_dim), by (layer, head): what `patch` can give it back."
+    with torch.no_grad(), record(model) as rec:
+        model(idx)
+    return {(layer, h): out[:, :, h] for layer, out in enumerate(rec.heads) for h in range(out.shape[2])}
+
+
 def head_costs(model, batch, probe, period: int) -> list[dict]:
     "`_measure` intact, then with each head zeroed and mean-ablated."
-    with torch.no_grad(), record(model) as rec:
-        model(batch[0])
     rows = [dict(head=None, how="none", **_measure(model, batch, probe, period))]  # intact
-    for layer, outputs in enumerate(rec.heads):  # (B, T, n_heads, head_dim)
-        for head in range(outputs.shape[2]):
-            mean = outputs[:, :, head].mean((0, 1))  # (head_dim,)
-            for how, value in [("zero", 0.0), ("mean", mean)]:
-                with patch(model, {(layer, head): value}):
-                    rows.append(dict(head=[layer, head], how=how, **_measure(model, batch, probe, period)))
+    for head, y in _head_outputs(model, batch[0]).items():
+        for how, value in [("zero", 0.0), ("mean", y.mean((0, 1)))]:  # the mean: (head_dim,)
+            with patch(model, {head: value}):
+                rows.append(dict(head=list(head), how=how, **_measure(model, batch, probe, period)))
     return rows
 
 # %% ../nbs/14_inside.ipynb #causal04
@@ -259,19 +248,15 @@ def patch_heads(model, clean, corrupted, period: int) -> list[dict]:
             induction=[induction_score(w, period).tolist() for w in rec.attn],
         )
 
-    with torch.no_grad(), record(model) as rec:
-        model(clean)
     first = (torch.arange(clean.shape[1]) < period)[:, None]  # (T, 1)
     rows = [dict(head=None, how="clean", **run(clean, {})), dict(head=None, how="corrupted", **run(corrupted, {}))]
-    for layer, outputs in enumerate(rec.heads):  # (B, T, n_heads, head_dim)
-        for head in range(outputs.shape[2]):
-            y = outputs[:, :, head]  # (B, T, head_dim): its output on clean
-            for how, idx, value in [
-                ("zeroed on the first copy", clean, y * ~first),
-                ("zeroed on the second copy", clean, y * first),
-                ("patched into corrupted", corrupted, y),
-            ]:
-                rows.append(dict(head=[layer, head], how=how, **run(idx, {(layer, head): value})))
+    for head, y in _head_outputs(model, clean).items():  # y: (B, T, head_dim), the head's output on clean
+        for how, idx, value in [
+            ("zeroed on the first copy", clean, y * ~first),
+            ("zeroed on the second copy", clean, y * first),
+            ("patched into corrupted", corrupted, y),
+        ]:
+            rows.append(dict(head=list(head), how=how, **run(idx, {head: value})))
     return rows
 
 

@@ -16,7 +16,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from .chat import ChatData, IGNORE, chat_ids, complete, conversation_rows, exact_match, render, task_items
-from .model import lm_loss
 
 # %% ../nbs/17_reward.ipynb #c17roll01
 def rollouts(model, tokenizer, items, group: int, generator=None, max_new_tokens: int = 16, temperature=1.0):
@@ -80,15 +79,12 @@ class RLData(ChatData):
         x, y = (t.to(trainer.device) for t in answer_rows(prompts, answers))
         with torch.no_grad():
             ref_logp = token_logp(self.reference(x), y)  # for the KL, which `loss` takes from the step's own logits
-        n_tokens = sum(map(len, answers)) / len(answers)
-        self.seen.append({"reward": rewards.mean().item(), "pass_rate": rewards.amax(1).mean().item()})
-        self.seen[-1]["answer_tokens"] = n_tokens
+        stats = {"reward": rewards.mean().item(), "pass_rate": rewards.amax(1).mean().item()}
+        self.seen.append(stats | {"answer_tokens": sum(map(len, answers)) / len(answers)})
         return x, (y, group_advantages(rewards).flatten().to(trainer.device), ref_logp)
 
     def loss(self, logits, y):
-        "The policy loss on a rollout's batch, noting its KL from the reference; the fine-tuning loss on conversations."
-        if not isinstance(y, tuple):  # an evaluation's conversation rows
-            return lm_loss(logits, y)
+        "The policy loss on a rollout's batch, noting its KL from the reference (evaluations use the trainer's loss)."
         targets, advantages, ref_logp = y
         self.seen[-1]["kl"] = kl_per_token(token_logp(logits.detach(), targets), ref_logp, targets)
         return policy_loss(logits, targets, advantages)
@@ -144,9 +140,8 @@ def multiple_choice(model, tokenizer, items, n_choices: int = 4, chat: bool = Tr
         choices = rng.sample([b for b in pool if b != a], n_choices - 1) + [a]
         rng.shuffle(choices)
         texts = choices if chat else [f" {c}" for c in choices]
-        prompt = (
-            render([{"role": "user", "content": q}], tokenizer, True)[0] if chat else tokenizer.encode(f"Q: {q}\nA:")
-        )
+        user = [{"role": "user", "content": q}]
+        prompt = render(user, tokenizer, True)[0] if chat else tokenizer.encode(f"Q: {q}\nA:")
         ids = [tokenizer.encode(t) + end for t in texts]
         right.append(choices[choose(model, prompt, ids, [len(t.encode()) for t in texts])] == a)
     return right
