@@ -299,6 +299,7 @@ def merge_lora(model: nn.Module) -> nn.Module:
 def save_adapters(model: nn.Module, path) -> None:
     "Write what LoRA trains (adapters, new token rows), atomically: a few hundred kB, loadable onto their base."
     tensors = {k: p.detach().contiguous() for k, p in model.named_parameters() if p.requires_grad}
+    tensors |= {k: b for k, b in model.named_buffers() if k.endswith("lora_scale")}  # alpha / rank, read back by load
     if not any(".lora_" in k for k in tensors):
         raise ValueError("the model has no adapters: add_lora first (gptbook sft --lora-rank R)")
     with atomic_write(path, mode=None) as tmp:
