@@ -242,16 +242,13 @@ def sampling_config_from_args(args) -> SamplingConfig:
 #| code-fold: true
 def _model_to_sample(args):
     "The model (eval mode, on --device) and tokenizer that --hf, --nanogpt or the run folder (RUN or --out) name."
-    sources = [name for name in ("hf", "nanogpt") if getattr(args, name)] + (["RUN"] if args.run or args.out else [])
+    sources = [f"--{name}" for name in ("hf", "nanogpt", "out") if getattr(args, name)] + ["RUN"] * bool(args.run)
     if len(sources) > 1:
         raise ValueError(f"give one model to sample from, not {' and '.join(sources)}")
-    if args.run and args.out and Path(args.run) != Path(args.out):
-        raise ValueError(f"RUN {args.run} and --out {args.out} name two runs: give one")
     if args.nanogpt and not args.tokenizer:
         raise ValueError(
-            "a nanoGPT checkpoint has no gptbook tokenizer (its meta.pkl is a pickle, which gptbook does not load): "
-            "give one with --tokenizer PATH, made from the text the model trained on by `gptbook tokenizer train "
-            "input.txt --out tok.json` with --char for a character model (shakespeare_char), --vocab-size N for a BPE"
+            "a nanoGPT checkpoint needs --tokenizer PATH (meta.pkl is a pickle, not loaded): `gptbook tokenizer train "
+            "input.txt --out tok.json` makes one, with --char for a character model or --vocab-size N for a BPE"
         )
     given = load_tokenizer(args.tokenizer) if args.tokenizer else None
     if args.hf or args.nanogpt:
@@ -260,11 +257,8 @@ def _model_to_sample(args):
     else:
         ck = load_checkpoint(args.run or args.out or "out")
         model, tokenizer = ck.model, given or ck.tokenizer
-        if given and ck.tokenizer and given.vocab_size != ck.tokenizer.vocab_size:
-            raise ValueError(
-                f"--tokenizer {args.tokenizer} has {given.vocab_size} ids, but the run trained with "
-                f"{ck.tokenizer.vocab_size}: give the run's own tokenizer, or none"
-            )
+        if given and ck.tokenizer and (n := ck.tokenizer.vocab_size) != given.vocab_size:
+            raise ValueError(f"--tokenizer has {given.vocab_size} ids, but the run trained with {n}: drop it")
     if tokenizer.vocab_size > model.config.vocab_size:
         raise ValueError(f"the tokenizer has {tokenizer.vocab_size} ids, the model only {model.config.vocab_size}")
     return model.to(pick_device(args.device)).eval(), tokenizer
@@ -315,7 +309,10 @@ def _eval(args) -> int:
         raise ValueError(f"--pass-k {args.pass_k} needs as many --samples at least (now {args.samples}), and K >= 1")
     model, tokenizer = _model_to_sample(args)
     lines = _eval_text(args, model, tokenizer) if args.data else []
-    lines += _eval_task(args, model, tokenizer) if args.task else []
+    scores = task_scores(model, tokenizer, args.task, args.n_test, args.samples, args.pass_k) if args.task else {}
+    for name, s in scores.items():  # exact match and pass@k, with 95% bootstrap intervals
+        mean, lo, hi = bootstrap(s)
+        lines.append(f"{name} {mean:.2f} [{lo:.2f}, {hi:.2f}] on {len(s)} test items of {args.task}")
     print("\n".join(lines))
     if args.report:
         with atomic_write(args.report) as f:
@@ -339,16 +336,6 @@ def _eval_text(args, model, tokenizer) -> list[str]:
         f"{bits_per_byte(nats, text):.4f} bits/byte, {seconds:.1f} s)",
         f"loss {loss:.4f} nats/token, perplexity {math.exp(loss):.2f}, {nats / math.log(2) / len(text):.4f} bits/char",
     ]
-
-
-def _eval_task(args, model, tokenizer) -> list[str]:
-    "Exact match and pass@k on --task's test items, with 95% bootstrap intervals."
-    scores = task_scores(model, tokenizer, args.task, args.n_test, args.samples, args.pass_k)
-    out = []
-    for name, s in scores.items():
-        mean, lo, hi = bootstrap(s)
-        out.append(f"{name} {mean:.2f} [{lo:.2f}, {hi:.2f}] on {len(s)} test items of {args.task}")
-    return out
 
 
 def _report(name, lines: list[str]) -> str:
@@ -375,10 +362,7 @@ def _add_tokenizer_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, metavar="PATH", help="where to write the tokenizer (JSON)")
     p.add_argument("--vocab-size", type=int, metavar="N", help="a BPE of N ids: the 256 bytes, merges, special tokens")
     p.add_argument(
-        "--pattern",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="split the text with GPT-2's pattern before merging (default: on)",
+        "--pattern", action=argparse.BooleanOptionalAction, default=True, help="split by GPT-2's regex (default: on)"
     )
     p.add_argument("--special", action="append", metavar="TEXT", help="a special token, e.g. '<|endoftext|>' (repeat)")
     p.add_argument("--char", action="store_true", help="one id per character of FILE instead (nanoGPT's *_char)")
