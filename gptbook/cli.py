@@ -396,22 +396,18 @@ def build_parser(command: str | None = None, preset: str | None = None) -> argpa
     p.add_argument("--version", action="version", version=f"gptbook {gptbook.__version__}")
     p.set_defaults(flags={})  # {field: flag} for the config fields a command has, which its errors name
     sub = p.add_subparsers(dest="command", metavar="{train,sft,rl,sample,eval,tokenizer,chat,serve}")
+    own = {"sample": (_add_sample_args, _sample), "eval": (_add_eval_args, _eval)}  # the others train
     for name, text in [
         ("train", "train a GPT; no arguments: the CPU baby model on Tiny Shakespeare's characters, into out/"),
         ("sft", "fine-tune --init-from's model on --task's conversations; --lora-rank R: low-rank adapters only"),
         ("rl", "improve --init-from's chat model on --task by reinforcement learning, rewarding right answers"),
+        ("sample", "continue a prompt with the model of a checkpoint, a Hugging Face model or a nanoGPT one"),
+        ("eval", "score a model on a text file (bits per byte) or on a task's test items (exact match)"),
     ]:
-        t = sub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
-        t.set_defaults(func=_train, flags=_add_train_args(t, preset, name) if command in (None, name) else {})
-    s = sub.add_parser(
-        "sample",
-        help="generate text from a trained model",
-        description="Continue a prompt with the model of a checkpoint, a Hugging Face model or a nanoGPT one.",
-    )
-    s.set_defaults(func=_sample, flags=_add_sample_args(s))
-    e = sub.add_parser("eval", help="score a model on a text file or a task", description="Bits per byte, exact match.")
-    e.set_defaults(func=_eval)
-    _add_eval_args(e)
+        c = sub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
+        add, func = own.get(name, (None, _train))
+        flags = add(c) if add else _add_train_args(c, preset, name) if command in (None, name) else {}
+        c.set_defaults(func=func, flags=flags or {})  # {field: flag}: the trainer's flags only for `command`
     tk = sub.add_parser("tokenizer", help="train a BPE tokenizer", description="Tokenizer tools.")
     tsub = tk.add_subparsers(dest="tokenizer_command", metavar="{train}", required=True)
     tt = tsub.add_parser("train", help="train a BPE tokenizer on a text file", description="Train a BPE tokenizer.")
