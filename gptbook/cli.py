@@ -259,8 +259,6 @@ def _model_to_sample(args):
         model, tokenizer = ck.model, given or ck.tokenizer
         if given and ck.tokenizer and (n := ck.tokenizer.vocab_size) != given.vocab_size:
             raise ValueError(f"--tokenizer has {given.vocab_size} ids, but the run trained with {n}: drop it")
-    if tokenizer.vocab_size > model.config.vocab_size:
-        raise ValueError(f"the tokenizer has {tokenizer.vocab_size} ids, the model only {model.config.vocab_size}")
     return model.to(pick_device(args.device)).eval(), tokenizer
 
 # %% ../nbs/A4_cli.ipynb #667db338
@@ -274,17 +272,16 @@ def _sample(args) -> int:
     if special := next((s for s in getattr(tokenizer, "special_tokens", None) or () if s in args.prompt), None):
         raise ValueError(f"--prompt contains the special token {special!r}: gptbook sample reads plain text; remove it")
     g = None if args.seed is None else torch.Generator(device=next(model.parameters()).device).manual_seed(args.seed)
+    live = sys.stdout.isatty() if args.stream is None else args.stream
     for i in range(args.num_samples):
         if i:
             print("\n---------------")
         pieces = stream(model, tokenizer, args.prompt, config=config, generator=g)  # unknown characters: ValueError
-        if sys.stdout.isatty() if args.stream is None else args.stream:
-            print(args.prompt, end="", flush=True)  # stream yields only the continuation
-            for piece in pieces:
-                print(piece, end="", flush=True)
-            print()
-        else:
-            print(args.prompt + "".join(pieces))
+        pieces = pieces if live else ["".join(pieces)]  # into a file or a pipe: whole, at the end
+        print(args.prompt, end="", flush=True)  # stream yields only the continuation
+        for piece in pieces:
+            print(piece, end="", flush=True)
+        print()
     return 0
 
 # %% ../nbs/A4_cli.ipynb #a4evc01

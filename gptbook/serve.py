@@ -171,8 +171,7 @@ class Server:
     async def complete(self, request):
         "POST /v1/completions: `prompt` continued."
         body = await _json(request)
-        if not isinstance(prompt := body.get("prompt"), str) or not prompt:
-            raise RequestError("prompt", f"prompt must be a non-empty string, got {prompt!r}")
+        check_value("prompt", str, {}, prompt := body.get("prompt"))  # a non-empty string
         return await self.answer(body, self.tokenizer.encode(prompt), chat=False)
 
     async def answer(self, body: dict, ids: list[int], chat: bool):
