@@ -64,14 +64,9 @@ def _parse_as(kind, optional: bool):
     "An argparse `type=` function for values of `kind` (int, float or str); 'none' stays 'none' if `optional`."
 
     def parse(text: str):
-        if optional and text.lower() == _NONE:
-            return _NONE
-        try:
-            return kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"invalid {kind.__name__} value: {text!r}") from None
+        return _NONE if optional and text.lower() == _NONE else kind(text)
 
-    parse.__name__ = kind.__name__  # argparse names the type in its messages
+    parse.__name__ = kind.__name__  # kind's ValueError: argparse says "invalid int value: 'x'" with this name
     return parse
 
 # %% ../nbs/A4_cli.ipynb #ce106aa9
