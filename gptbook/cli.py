@@ -22,12 +22,12 @@ import torch
 import gptbook
 from .checkpoint import load_checkpoint
 from .config import PRESETS, GPTConfig
-from .chat import TASKS, bootstrap
+from .chat import TASKS, bootstrap, sft_config
 from .files import atomic_write, read_text
 from .hf import from_nanogpt, hf_pretrained
 from .model import pick_device, text_nats
 from .options import OptionError, choices_of, field_types, split_optional
-from .reward import bits_per_byte, task_scores
+from .reward import bits_per_byte, rl_config, task_scores
 from .sample import SamplingConfig, generate, stream
 from .serve import add_commands
 from .tokenizer import GPT2_PATTERN, BPETokenizer, CharTokenizer, load_tokenizer
@@ -126,12 +126,15 @@ def given(args, cls) -> dict:
     return {k: None if k in unset else tuple(v) if isinstance(v, list) else v for k, v in values.items()}
 
 # %% ../nbs/A4_cli.ipynb #579376a5
+_TUNED = {"sft": sft_config, "rl": rl_config}  # what an sft or rl run's TrainConfig fields start from (train: none)
+
+
 def _add_train_args(p: argparse.ArgumentParser, preset: str | None = None, command: str = "train") -> dict[str, str]:
     "All flags of `gptbook train` (`sft`, `rl`: with their defaults), the model's those of `preset`; {field: flag}."
     from gptbook.train import TrainConfig  # only `gptbook train` loads the trainer
 
     preset = preset if preset in PRESETS else TrainConfig.preset  # a bad name: argparse names it, below
-    tuned = _tuned(command)
+    tuned = _TUNED.get(command)
     defaults = TrainConfig.from_dict(tuned()) if tuned else TrainConfig.from_preset(preset)
     flags = add_options(p, TrainConfig, "training (TrainConfig)", defaults.to_dict())
     shown = {**GPTConfig.from_preset(preset, 1).to_dict(), "vocab_size": "the tokenizer's size"}
@@ -150,7 +153,7 @@ def config_from_args(args):
     from gptbook.train import TrainConfig
 
     train_given, model_given = given(args, TrainConfig), given(args, GPTConfig)
-    tuned = _tuned(args.command)
+    tuned = _TUNED.get(args.command)
     if tuned and not args.resume and not (train_given.get("init_from") and train_given.get("task")):
         raise ValueError(f"gptbook {args.command} trains a model on a task: give --init-from RUN and --task NAME")
     if args.resume:
@@ -168,14 +171,6 @@ def config_from_args(args):
     preset = train_given.get("preset", saved["train_config"].get("preset", TrainConfig.preset))
     fields = {**saved["train_config"], **train_given, "model_overrides": overrides}
     return TrainConfig.from_dict(tuned(**fields)) if tuned else TrainConfig.from_preset(preset, **fields)
-
-
-def _tuned(command: str):
-    "What an `sft` or `rl` run's TrainConfig fields start from (a function of the fields given); None for `train`."
-    from gptbook.chat import sft_config
-    from gptbook.reward import rl_config
-
-    return {"sft": sft_config, "rl": rl_config}.get(command)
 
 # %% ../nbs/A4_cli.ipynb #c632cc04
 def _print_sample(model, tokenizer, n: int, seed: int):
