@@ -156,9 +156,6 @@ class Server:
         with self.lock:
             yield from pieces
 
-    def models(self) -> dict:
-        return {"object": "list", "data": [{"id": self.name, "object": "model", "created": 0, "owned_by": "gptbook"}]}
-
     async def chat(self, request):
         "POST /v1/chat/completions: the reply to `messages`."
         body = await _json(request)
@@ -234,7 +231,8 @@ def create_app(run, tokenizer=None, name: str | None = None, device=None):
     app.add_exception_handler(ValueError, lambda _, e: JSONResponse(error_body(e), getattr(e, "status", 400)))
     app.add_exception_handler(HTTPException, lambda _, e: JSONResponse(error_body(e), e.status_code))
     app.add_route("/", lambda _: HTMLResponse(page))
-    app.add_route("/v1/models", lambda _: JSONResponse(server.models()))
+    models = {"object": "list", "data": [{"id": server.name, "object": "model", "created": 0, "owned_by": "gptbook"}]}
+    app.add_route("/v1/models", lambda _: JSONResponse(models))
     app.add_route("/v1/chat/completions", server.chat, methods=["POST"])
     app.add_route("/v1/completions", server.complete, methods=["POST"])
     return app
