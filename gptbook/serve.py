@@ -116,13 +116,9 @@ def request_settings(body: dict, n_prompt: int, context: int, param: str, stop=N
     if n_prompt >= context:
         why = f"the {param} are {n_prompt:,} tokens, and the model's context is {context:,}: shorten them"
         raise RequestError(param, why, code="context_length_exceeded")
-    config = SamplingConfig(
-        _get(body, "max_tokens", context - n_prompt),  # default: the rest of the context
-        _get(body, "temperature", 1.0),
-        top_p=_get(body, "top_p"),
-        stop=stop,
-        stop_strings=_get(body, "stop"),
-    )  # checks each value's type and range (an OptionError naming its field)
+    asked = {f: body.get(API_NAMES.get(f, f)) for f in ("max_new_tokens", "temperature", "top_p", "stop_strings")}
+    asked = {"max_new_tokens": context - n_prompt} | {f: v for f, v in asked.items() if v is not None}  # null: unset
+    config = SamplingConfig(**asked, stop=stop)  # checks each value's type and range (an OptionError naming its field)
     if n_prompt + config.max_new_tokens > context:
         why = f"{n_prompt:,} tokens of {param} + max_tokens {config.max_new_tokens:,}: over the context of {context:,}"
         raise RequestError("max_tokens", why, code="context_length_exceeded")
