@@ -22,12 +22,12 @@ import torch
 import gptbook
 from .checkpoint import load_checkpoint
 from .config import PRESETS, GPTConfig
-from .chat import TASKS, bootstrap
+from .chat import TASKS, bootstrap, sft_config
 from .files import atomic_write, read_text
 from .hf import from_nanogpt, hf_pretrained
 from .model import pick_device, text_nats
 from .options import OptionError, choices_of, field_types, split_optional
-from .reward import bits_per_byte, task_scores
+from .reward import bits_per_byte, rl_config, task_scores
 from .sample import SamplingConfig, generate, stream
 from .serve import add_commands
 from .tokenizer import GPT2_PATTERN, BPETokenizer, CharTokenizer, load_tokenizer
@@ -64,14 +64,9 @@ def _parse_as(kind, optional: bool):
     "An argparse `type=` function for values of `kind` (int, float or str); 'none' stays 'none' if `optional`."
 
     def parse(text: str):
-        if optional and text.lower() == _NONE:
-            return _NONE
-        try:
-            return kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"invalid {kind.__name__} value: {text!r}") from None
+        return _NONE if optional and text.lower() == _NONE else kind(text)
 
-    parse.__name__ = kind.__name__  # argparse names the type in its messages
+    parse.__name__ = kind.__name__  # kind's ValueError: argparse says "invalid int value: 'x'" with this name
     return parse
 
 # %% ../nbs/A4_cli.ipynb #ce106aa9
@@ -131,12 +126,15 @@ def given(args, cls) -> dict:
     return {k: None if k in unset else tuple(v) if isinstance(v, list) else v for k, v in values.items()}
 
 # %% ../nbs/A4_cli.ipynb #579376a5
+_TUNED = {"sft": sft_config, "rl": rl_config}  # what an sft or rl run's TrainConfig fields start from (train: none)
+
+
 def _add_train_args(p: argparse.ArgumentParser, preset: str | None = None, command: str = "train") -> dict[str, str]:
     "All flags of `gptbook train` (`sft`, `rl`: with their defaults), the model's those of `preset`; {field: flag}."
     from gptbook.train import TrainConfig  # only `gptbook train` loads the trainer
 
     preset = preset if preset in PRESETS else TrainConfig.preset  # a bad name: argparse names it, below
-    tuned = _tuned(command)
+    tuned = _TUNED.get(command)
     defaults = TrainConfig.from_dict(tuned()) if tuned else TrainConfig.from_preset(preset)
     flags = add_options(p, TrainConfig, "training (TrainConfig)", defaults.to_dict())
     shown = {**GPTConfig.from_preset(preset, 1).to_dict(), "vocab_size": "the tokenizer's size"}
@@ -155,7 +153,7 @@ def config_from_args(args):
     from gptbook.train import TrainConfig
 
     train_given, model_given = given(args, TrainConfig), given(args, GPTConfig)
-    tuned = _tuned(args.command)
+    tuned = _TUNED.get(args.command)
     if tuned and not args.resume and not (train_given.get("init_from") and train_given.get("task")):
         raise ValueError(f"gptbook {args.command} trains a model on a task: give --init-from RUN and --task NAME")
     if args.resume:
@@ -173,14 +171,6 @@ def config_from_args(args):
     preset = train_given.get("preset", saved["train_config"].get("preset", TrainConfig.preset))
     fields = {**saved["train_config"], **train_given, "model_overrides": overrides}
     return TrainConfig.from_dict(tuned(**fields)) if tuned else TrainConfig.from_preset(preset, **fields)
-
-
-def _tuned(command: str):
-    "What an `sft` or `rl` run's TrainConfig fields start from (a function of the fields given); None for `train`."
-    from gptbook.chat import sft_config
-    from gptbook.reward import rl_config
-
-    return {"sft": sft_config, "rl": rl_config}.get(command)
 
 # %% ../nbs/A4_cli.ipynb #c632cc04
 def _print_sample(model, tokenizer, n: int, seed: int):
@@ -242,16 +232,13 @@ def sampling_config_from_args(args) -> SamplingConfig:
 #| code-fold: true
 def _model_to_sample(args):
     "The model (eval mode, on --device) and tokenizer that --hf, --nanogpt or the run folder (RUN or --out) name."
-    sources = [name for name in ("hf", "nanogpt") if getattr(args, name)] + (["RUN"] if args.run or args.out else [])
+    sources = [f"--{name}" for name in ("hf", "nanogpt", "out") if getattr(args, name)] + ["RUN"] * bool(args.run)
     if len(sources) > 1:
         raise ValueError(f"give one model to sample from, not {' and '.join(sources)}")
-    if args.run and args.out and Path(args.run) != Path(args.out):
-        raise ValueError(f"RUN {args.run} and --out {args.out} name two runs: give one")
     if args.nanogpt and not args.tokenizer:
         raise ValueError(
-            "a nanoGPT checkpoint has no gptbook tokenizer (its meta.pkl is a pickle, which gptbook does not load): "
-            "give one with --tokenizer PATH, made from the text the model trained on by `gptbook tokenizer train "
-            "input.txt --out tok.json` with --char for a character model (shakespeare_char), --vocab-size N for a BPE"
+            "a nanoGPT checkpoint needs --tokenizer PATH (meta.pkl is a pickle, not loaded): `gptbook tokenizer train "
+            "input.txt --out tok.json` makes one, with --char for a character model or --vocab-size N for a BPE"
         )
     given = load_tokenizer(args.tokenizer) if args.tokenizer else None
     if args.hf or args.nanogpt:
@@ -260,13 +247,8 @@ def _model_to_sample(args):
     else:
         ck = load_checkpoint(args.run or args.out or "out")
         model, tokenizer = ck.model, given or ck.tokenizer
-        if given and ck.tokenizer and given.vocab_size != ck.tokenizer.vocab_size:
-            raise ValueError(
-                f"--tokenizer {args.tokenizer} has {given.vocab_size} ids, but the run trained with "
-                f"{ck.tokenizer.vocab_size}: give the run's own tokenizer, or none"
-            )
-    if tokenizer.vocab_size > model.config.vocab_size:
-        raise ValueError(f"the tokenizer has {tokenizer.vocab_size} ids, the model only {model.config.vocab_size}")
+        if given and ck.tokenizer and (n := ck.tokenizer.vocab_size) != given.vocab_size:
+            raise ValueError(f"--tokenizer has {given.vocab_size} ids, but the run trained with {n}: drop it")
     return model.to(pick_device(args.device)).eval(), tokenizer
 
 # %% ../nbs/A4_cli.ipynb #667db338
@@ -280,17 +262,16 @@ def _sample(args) -> int:
     if special := next((s for s in getattr(tokenizer, "special_tokens", None) or () if s in args.prompt), None):
         raise ValueError(f"--prompt contains the special token {special!r}: gptbook sample reads plain text; remove it")
     g = None if args.seed is None else torch.Generator(device=next(model.parameters()).device).manual_seed(args.seed)
+    live = sys.stdout.isatty() if args.stream is None else args.stream
     for i in range(args.num_samples):
         if i:
             print("\n---------------")
         pieces = stream(model, tokenizer, args.prompt, config=config, generator=g)  # unknown characters: ValueError
-        if sys.stdout.isatty() if args.stream is None else args.stream:
-            print(args.prompt, end="", flush=True)  # stream yields only the continuation
-            for piece in pieces:
-                print(piece, end="", flush=True)
-            print()
-        else:
-            print(args.prompt + "".join(pieces))
+        pieces = pieces if live else ["".join(pieces)]  # into a file or a pipe: whole, at the end
+        print(args.prompt, end="", flush=True)  # stream yields only the continuation
+        for piece in pieces:
+            print(piece, end="", flush=True)
+        print()
     return 0
 
 # %% ../nbs/A4_cli.ipynb #a4evc01
@@ -315,7 +296,10 @@ def _eval(args) -> int:
         raise ValueError(f"--pass-k {args.pass_k} needs as many --samples at least (now {args.samples}), and K >= 1")
     model, tokenizer = _model_to_sample(args)
     lines = _eval_text(args, model, tokenizer) if args.data else []
-    lines += _eval_task(args, model, tokenizer) if args.task else []
+    scores = task_scores(model, tokenizer, args.task, args.n_test, args.samples, args.pass_k) if args.task else {}
+    for name, s in scores.items():  # exact match and pass@k, with 95% bootstrap intervals
+        mean, lo, hi = bootstrap(s)
+        lines.append(f"{name} {mean:.2f} [{lo:.2f}, {hi:.2f}] on {len(s)} test items of {args.task}")
     print("\n".join(lines))
     if args.report:
         with atomic_write(args.report) as f:
@@ -339,16 +323,6 @@ def _eval_text(args, model, tokenizer) -> list[str]:
         f"{bits_per_byte(nats, text):.4f} bits/byte, {seconds:.1f} s)",
         f"loss {loss:.4f} nats/token, perplexity {math.exp(loss):.2f}, {nats / math.log(2) / len(text):.4f} bits/char",
     ]
-
-
-def _eval_task(args, model, tokenizer) -> list[str]:
-    "Exact match and pass@k on --task's test items, with 95% bootstrap intervals."
-    scores = task_scores(model, tokenizer, args.task, args.n_test, args.samples, args.pass_k)
-    out = []
-    for name, s in scores.items():
-        mean, lo, hi = bootstrap(s)
-        out.append(f"{name} {mean:.2f} [{lo:.2f}, {hi:.2f}] on {len(s)} test items of {args.task}")
-    return out
 
 
 def _report(name, lines: list[str]) -> str:
@@ -375,10 +349,7 @@ def _add_tokenizer_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, metavar="PATH", help="where to write the tokenizer (JSON)")
     p.add_argument("--vocab-size", type=int, metavar="N", help="a BPE of N ids: the 256 bytes, merges, special tokens")
     p.add_argument(
-        "--pattern",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="split the text with GPT-2's pattern before merging (default: on)",
+        "--pattern", action=argparse.BooleanOptionalAction, default=True, help="split by GPT-2's regex (default: on)"
     )
     p.add_argument("--special", action="append", metavar="TEXT", help="a special token, e.g. '<|endoftext|>' (repeat)")
     p.add_argument("--char", action="store_true", help="one id per character of FILE instead (nanoGPT's *_char)")
@@ -412,22 +383,18 @@ def build_parser(command: str | None = None, preset: str | None = None) -> argpa
     p.add_argument("--version", action="version", version=f"gptbook {gptbook.__version__}")
     p.set_defaults(flags={})  # {field: flag} for the config fields a command has, which its errors name
     sub = p.add_subparsers(dest="command", metavar="{train,sft,rl,sample,eval,tokenizer,chat,serve}")
+    own = {"sample": (_add_sample_args, _sample), "eval": (_add_eval_args, _eval)}  # the others train
     for name, text in [
         ("train", "train a GPT; no arguments: the CPU baby model on Tiny Shakespeare's characters, into out/"),
         ("sft", "fine-tune --init-from's model on --task's conversations; --lora-rank R: low-rank adapters only"),
         ("rl", "improve --init-from's chat model on --task by reinforcement learning, rewarding right answers"),
+        ("sample", "continue a prompt with the model of a checkpoint, a Hugging Face model or a nanoGPT one"),
+        ("eval", "score a model on a text file (bits per byte) or on a task's test items (exact match)"),
     ]:
-        t = sub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
-        t.set_defaults(func=_train, flags=_add_train_args(t, preset, name) if command in (None, name) else {})
-    s = sub.add_parser(
-        "sample",
-        help="generate text from a trained model",
-        description="Continue a prompt with the model of a checkpoint, a Hugging Face model or a nanoGPT one.",
-    )
-    s.set_defaults(func=_sample, flags=_add_sample_args(s))
-    e = sub.add_parser("eval", help="score a model on a text file or a task", description="Bits per byte, exact match.")
-    e.set_defaults(func=_eval)
-    _add_eval_args(e)
+        c = sub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
+        add, func = own.get(name, (None, _train))
+        flags = add(c) if add else _add_train_args(c, preset, name) if command in (None, name) else {}
+        c.set_defaults(func=func, flags=flags or {})  # {field: flag}: the trainer's flags only for `command`
     tk = sub.add_parser("tokenizer", help="train a BPE tokenizer", description="Tokenizer tools.")
     tsub = tk.add_subparsers(dest="tokenizer_command", metavar="{train}", required=True)
     tt = tsub.add_parser("train", help="train a BPE tokenizer on a text file", description="Train a BPE tokenizer.")

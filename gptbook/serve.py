@@ -17,7 +17,7 @@ import torch
 from .adapters import optional
 from .chat import chat_ids, render
 from .checkpoint import load_checkpoint
-from .options import OptionError
+from .options import OptionError, check_value
 from .sample import SamplingConfig, generate_steps, stream_text
 
 # %% auto #0
@@ -26,8 +26,7 @@ __all__ = ['API_NAMES', 'reply', 'fit_turns', 'chat_loop', 'RequestError', 'erro
 
 # %% ../nbs/A6_serve.ipynb #a6s09
 def reply(model, tokenizer, ids: list[int], config: SamplingConfig, generator=None, info: dict | None = None):
-    """The text the model writes after the token ids `ids`, in pieces as they come: `stream`'s decoding of
-    `generate_steps`' tokens. `info` gets how many tokens were drawn and why it ended ('stop' or 'length')."""
+    "The text the model writes after the token ids `ids`, in pieces; `info` gets the tokens drawn and why it ended."
     info = {} if info is None else info
     idx = torch.tensor([ids], device=next(model.parameters()).device)  # (1, T)
 
@@ -52,8 +51,7 @@ def fit_turns(messages: list[dict], tokenizer, budget: int) -> tuple[list[dict],
 
 # %% ../nbs/A6_serve.ipynb #a6s16
 def chat_loop(run, max_new_tokens=None, temperature=0.8, top_p=0.9, seed=None, device=None, read=input) -> None:
-    """Talk with the fine-tuned model of `run` in the terminal (`gptbook chat RUN`), reading lines with `read`.
-    Ctrl-C stops a reply; at the prompt, Ctrl-C or Ctrl-D leaves."""
+    "Talk with the fine-tuned model of `run` in the terminal, reading lines with `read` (`gptbook chat RUN`)."
     ck = load_checkpoint(run, device)
     model, tokenizer, context = ck.model, ck.tokenizer, ck.model.config.max_seq_len
     config = SamplingConfig(max_new_tokens or max(1, context // 4), temperature, top_p=top_p, stop=chat_ids(tokenizer))
@@ -103,14 +101,11 @@ def error_body(e: Exception) -> dict:
     return {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": code}}
 
 # %% ../nbs/A6_serve.ipynb #a6s22
-_KINDS = {int: "an integer", bool: "true or false", str: "a string"}
-
-
-def _get(body: dict, key: str, default=None, kind=object):
-    "body[key], or `default` when it is absent or null; a value of another JSON type is refused."
+def _get(body: dict, key: str, default=None, kind=None, **limits):
+    "body[key], or `default` when it is absent or null; checked against the type `kind` and `option`'s `limits`."
     value = body.get(key)
-    if value is not None and (not isinstance(value, kind) or isinstance(value, bool) != (kind is bool)):
-        raise RequestError(key, f"{key} must be {_KINDS[kind]}, got {value!r}")
+    if kind is not None:
+        check_value(key, kind | None, limits, value)  # an OptionError naming `key`: a 400
     return default if value is None else value
 
 
@@ -121,24 +116,17 @@ def request_settings(body: dict, n_prompt: int, context: int, param: str, stop=N
     if n_prompt >= context:
         why = f"the {param} are {n_prompt:,} tokens, and the model's context is {context:,}: shorten them"
         raise RequestError(param, why, code="context_length_exceeded")
-    config = SamplingConfig(
-        _get(body, "max_tokens", context - n_prompt),  # default: the rest of the context
-        _get(body, "temperature", 1.0),
-        top_p=_get(body, "top_p"),
-        stop=stop,
-        stop_strings=_get(body, "stop"),
-    )  # checks each value's type and range (an OptionError naming its field)
-    if (total := n_prompt + config.max_new_tokens) > context:
-        why = f"{n_prompt:,} tokens of {param} + max_tokens {config.max_new_tokens:,} = {total:,}: over the context"
-        why += f" of {context:,} tokens"
+    asked = {f: body.get(API_NAMES.get(f, f)) for f in ("max_new_tokens", "temperature", "top_p", "stop_strings")}
+    asked = {"max_new_tokens": context - n_prompt} | {f: v for f, v in asked.items() if v is not None}  # null: unset
+    config = SamplingConfig(**asked, stop=stop)  # checks each value's type and range (an OptionError naming its field)
+    if n_prompt + config.max_new_tokens > context:
+        why = f"{n_prompt:,} tokens of {param} + max_tokens {config.max_new_tokens:,}: over the context of {context:,}"
         raise RequestError("max_tokens", why, code="context_length_exceeded")
     return config
 
 
 def _generator(body: dict):
-    seed = _get(body, "seed", kind=int)
-    if seed is not None and not 0 <= seed < 2**64:
-        raise RequestError("seed", f"seed must be in [0, 2**64), got {seed}")
+    seed = _get(body, "seed", kind=int, min=0, max=2**64, max_open=True)  # torch's seeds are 64-bit
     return None if seed is None else torch.Generator().manual_seed(seed)
 
 # %% ../nbs/A6_serve.ipynb #a6s25
@@ -159,14 +147,10 @@ class Server:
 
     def __init__(self, model, tokenizer, name: str):
         self.model, self.tokenizer, self.name, self.lock = model, tokenizer, name, threading.Lock()
-        self.context = model.config.max_seq_len
 
     def _locked(self, pieces):
         with self.lock:
             yield from pieces
-
-    def models(self) -> dict:
-        return {"object": "list", "data": [{"id": self.name, "object": "model", "created": 0, "owned_by": "gptbook"}]}
 
     async def chat(self, request):
         "POST /v1/chat/completions: the reply to `messages`."
@@ -180,8 +164,7 @@ class Server:
     async def complete(self, request):
         "POST /v1/completions: `prompt` continued."
         body = await _json(request)
-        if not isinstance(prompt := body.get("prompt"), str) or not prompt:
-            raise RequestError("prompt", f"prompt must be a non-empty string, got {prompt!r}")
+        check_value("prompt", str, {}, prompt := body.get("prompt"))  # a non-empty string
         return await self.answer(body, self.tokenizer.encode(prompt), chat=False)
 
     async def answer(self, body: dict, ids: list[int], chat: bool):
@@ -193,7 +176,7 @@ class Server:
             why = f"the model {want!r} does not exist: this server has {self.name!r}"
             raise RequestError("model", why, 404, "model_not_found")
         stop = chat_ids(self.tokenizer) if chat else None  # a chat's reply ends at any chat token
-        config = request_settings(body, len(ids), self.context, "messages" if chat else "prompt", stop)
+        config = request_settings(body, len(ids), self.model.config.max_seq_len, "messages" if chat else "prompt", stop)
         info, rid = {}, f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         pieces = self._locked(reply(self.model, self.tokenizer, ids, config, _generator(body), info))
         if _get(body, "stream", False, bool):
@@ -228,8 +211,7 @@ async def _json(request) -> dict:
 
 
 def create_app(run, tokenizer=None, name: str | None = None, device=None):
-    """The FastAPI app of `gptbook serve`: OpenAI's `/v1/models`, `/v1/chat/completions` and `/v1/completions`,
-    and a chat page at `/`. `run`: a run or checkpoint folder, or a model (then give its `tokenizer`)."""
+    "The app of `gptbook serve` (OpenAI's /v1 routes, a chat page at /) for a run folder, or a model and `tokenizer`."
     fastapi = optional("fastapi", "serve", "gptbook serve")
     from fastapi.responses import HTMLResponse, JSONResponse
     from starlette.exceptions import HTTPException
@@ -245,7 +227,8 @@ def create_app(run, tokenizer=None, name: str | None = None, device=None):
     app.add_exception_handler(ValueError, lambda _, e: JSONResponse(error_body(e), getattr(e, "status", 400)))
     app.add_exception_handler(HTTPException, lambda _, e: JSONResponse(error_body(e), e.status_code))
     app.add_route("/", lambda _: HTMLResponse(page))
-    app.add_route("/v1/models", lambda _: JSONResponse(server.models()))
+    models = {"object": "list", "data": [{"id": server.name, "object": "model", "created": 0, "owned_by": "gptbook"}]}
+    app.add_route("/v1/models", lambda _: JSONResponse(models))
     app.add_route("/v1/chat/completions", server.chat, methods=["POST"])
     app.add_route("/v1/completions", server.complete, methods=["POST"])
     return app
