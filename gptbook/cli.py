@@ -303,7 +303,7 @@ def _eval(args) -> int:
     print("\n".join(lines))
     if args.report:
         with atomic_write(args.report) as f:
-            f.write(_report(args.run or args.out or args.hf or args.nanogpt, lines))
+            f.write(_report(args.hf or args.nanogpt or args.run or args.out or "out", lines))
         print(f"report: {args.report}")
     return 0
 
