@@ -175,13 +175,7 @@ def read_state(path) -> dict:
             f"{folder / STATE} has format version {state.get('version')!r}; this gptbook reads "
             f"version {CKPT_VERSION}: use the gptbook that wrote it"
         )
-    kinds = {
-        "iter": int,
-        "sha256": dict,
-        "model_config": dict | None,
-        "train_config": dict | None,
-        "tokenizer": int | None,
-    }
+    kinds = dict(iter=int, sha256=dict, model_config=dict | None, train_config=dict | None, tokenizer=int | None)
     if bad := [k for k, kind in kinds.items() if not isinstance(state.get(k), kind)]:
         raise ValueError(f"{folder / STATE} has no valid {bad[0]!r}: the file is damaged{_earlier(folder)}")
     return {**state, "path": folder}
@@ -275,24 +269,20 @@ class Checkpoint:
 
 def load_checkpoint(path, device=None) -> Checkpoint:
     "The GPT and tokenizer of a checkpoint folder, or of the latest checkpoint of a run folder, on `device`."
+    device = pick_device(device) if isinstance(device, str) else device or "cpu"
     for attempt in range(3):  # a run that trains may rotate its newest checkpoint away while it is being read
         try:
-            return _load(path, device)
+            state = read_state(path)
+            try:
+                model = GPT(GPTConfig.from_dict(state["model_config"] or {"vocab_size": None}))
+            except (TypeError, ValueError) as e:  # an edited or foreign model_config: one line naming the file
+                raise ValueError(f"{state['path'] / STATE}: its model_config cannot be built ({e})") from None
+            if rank := (state.get("train_config") or {}).get("lora_rank"):  # chapter 16: adapters, then merged
+                add_lora(model, rank)
+            load_weights(model, state)
+            merge_lora(model)
+            tokenizer = checkpoint_tokenizer(state)
+            return Checkpoint(model.to(device).eval(), tokenizer, state["iter"], state["path"], state)
         except FileNotFoundError:
             if attempt == 2 or is_checkpoint_dir(path):
                 raise
-
-
-def _load(path, device) -> Checkpoint:
-    state = read_state(path)
-    try:
-        config = GPTConfig.from_dict(state["model_config"] or {"vocab_size": None})
-    except (TypeError, ValueError) as e:  # an edited or foreign model_config: one line naming the file
-        raise ValueError(f"{state['path'] / STATE}: its model_config cannot be built ({e})") from None
-    model = GPT(config)
-    if rank := (state.get("train_config") or {}).get("lora_rank"):  # chapter 16: adapters beside frozen weights, merged
-        add_lora(model, rank)
-    load_weights(model, state)
-    merge_lora(model)
-    device = pick_device(device) if isinstance(device, str) else device or "cpu"
-    return Checkpoint(model.to(device).eval(), checkpoint_tokenizer(state), state["iter"], state["path"], state)

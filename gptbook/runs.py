@@ -43,7 +43,7 @@ from .hf import hf_folder, hf_pretrained
 from .options import OptionError
 
 # %% auto #0
-__all__ = ['pick_threads', 'tensorboard_writer', 'to_tensorboard', 'TrainingDiverged', 'check_evaluation', 'Progress', 'LOCK', 'METRICS', 'CONFIG', 'STAGING', 'FIXED_BY_WEIGHTS', 'FIXED_ON_RESUME', 'NOT_SHAPE', 'RunLocked', 'run_lock', 'append_metrics', 'read_metrics', 'trim_metrics', 'save_run_config', 'load_run_config', 'start_run', 'commit_run', 'check_same_data', 'run_data', 'check_fits', 'last_good', 'interrupted', 'machine', 'header', 'summary', 'Pretrained', 'pretrained']
+__all__ = ['pick_threads', 'tensorboard_writer', 'TrainingDiverged', 'check_evaluation', 'Progress', 'LOCK', 'METRICS', 'CONFIG', 'STAGING', 'FIXED_BY_WEIGHTS', 'FIXED_ON_RESUME', 'NOT_SHAPE', 'RunLocked', 'run_lock', 'append_metrics', 'read_metrics', 'trim_metrics', 'save_run_config', 'load_run_config', 'start_run', 'commit_run', 'check_same_data', 'run_data', 'check_fits', 'last_good', 'interrupted', 'machine', 'header', 'summary', 'Pretrained', 'pretrained']
 
 # %% ../nbs/08_training.ipynb #t8thr002
 #| code-fold: true
@@ -81,14 +81,6 @@ def tensorboard_writer(folder: Path):
     except ImportError:
         raise ImportError('the tensorboard logger needs TensorBoard: pip install "gptbook[tensorboard]"') from None
     return SummaryWriter(str(folder))
-
-
-def to_tensorboard(writer, record: dict) -> None:
-    "The numbers of a metrics record, one TensorBoard scalar each at the record's step."
-    for name, value in record.items():
-        if isinstance(value, (int, float)) and name != "iter":
-            writer.add_scalar(name, value, record["iter"])
-    writer.flush()
 
 # %% ../nbs/08_training.ipynb #acb507b8
 #| code-fold: true
@@ -139,11 +131,9 @@ class Progress:
         record = {"iter": t.step, "train_loss": losses["train"], "val_loss": losses["val"]}
         record["lr"] = t.cfg.lr_at(max(t.step - 1, 0))  # the rate of the last step taken (of the next one at 0)
         record["tokens_per_sec"] = n * t.tokens_per_step / seconds if n else 0.0
-        record |= {
-            "grad_norm": sum(self.grad_norms) / n if n else None,
-            "ms_per_iter": 1000 * seconds / n if n else None,
-            "machine": machine(t.device),  # what the timings were measured on
-        }
+        record["grad_norm"] = sum(self.grad_norms) / n if n else None
+        record["ms_per_iter"] = 1000 * seconds / n if n else None
+        record["machine"] = machine(t.device)  # what the timings were measured on
         record["elapsed_s"] = time.perf_counter() - self.start
         record |= t.data.stats() if hasattr(t.data, "stats") else {}  # chapter 17: the rollouts' reward, KL, ...
         if t.is_main:
@@ -179,52 +169,37 @@ def _unwritable(run_dir: Path, e: OSError) -> OSError:
     err.errno = e.errno
     return err
 
-
-def _open_lock(run_dir: Path) -> tuple[int, bool]:
-    "Make `run_dir` if needed (True: this process made it) and open its lock file, never following a link."
+# %% ../nbs/A2_checkpoints.ipynb #32790b04
+@contextlib.contextmanager
+def run_lock(run_dir):
+    "Hold the flock of `run_dir/.lock` (made if needed; freed when its holder dies) for the block; a second one fails."
+    run_dir, created, held = Path(run_dir), False, False
     if (run_dir / STATE).is_file():
         raise ValueError(
             f"--out {run_dir} is a checkpoint folder, not a run folder; give its run folder: --out {run_dir.parent}"
         )
     try:
         run_dir.parent.mkdir(parents=True, exist_ok=True)
-        try:
+        with contextlib.suppress(FileExistsError):
             run_dir.mkdir()
-            created = True
-        except FileExistsError:
-            created = False
+            created = True  # only `mkdir`'s one winner may remove the folder again
         flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
-        fd = os.open(run_dir / LOCK, flags, 0o666)
+        fd = os.open(run_dir / LOCK, flags, 0o666)  # never through a link
     except OSError as e:
         raise _unwritable(run_dir, e) from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):  # a device or a pipe named .lock
-        os.close(fd)
-        raise _unwritable(run_dir, OSError(errno.EINVAL, f"its {LOCK} is not a regular file"))
-    return fd, created
-
-# %% ../nbs/A2_checkpoints.ipynb #32790b04
-def _take(fd: int, run_dir: Path) -> None:
-    "Take the lock on `fd`, or raise RunLocked naming the holder; then make sure the file is still the folder's lock."
-    if fcntl is not None:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            pid = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown: it is starting"
-            raise RunLocked(
-                f"another gptbook train is using {run_dir} (pid {pid}); wait for it, or choose another --out"
-            ) from None
-    if os.fstat(fd).st_nlink == 0:  # its creator removed it after a failed start: it guards nothing
-        raise RunLocked(f"another gptbook train started in {run_dir} at the same moment; run the command again")
-
-
-@contextlib.contextmanager
-def run_lock(run_dir):
-    "Hold the flock of `run_dir/.lock` (made if needed; freed when its holder dies) for the block; a second one fails."
-    run_dir = Path(run_dir)
-    fd, created = _open_lock(run_dir)
-    held = False
     try:
-        _take(fd, run_dir)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a device or a pipe named .lock
+            raise _unwritable(run_dir, OSError(errno.EINVAL, f"its {LOCK} is not a regular file"))
+        if fcntl is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                pid = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown: it is starting"
+                raise RunLocked(
+                    f"another gptbook train is using {run_dir} (pid {pid}); wait for it, or choose another --out"
+                ) from None
+        if os.fstat(fd).st_nlink == 0:  # its creator removed it after a failed start: it guards nothing
+            raise RunLocked(f"another gptbook train started in {run_dir} at the same moment; run the command again")
         held = True
         try:  # this process's pid, for a second run to name; a full disk is one line
             os.ftruncate(fd, 0)
@@ -251,36 +226,31 @@ def append_metrics(run_dir, record: dict) -> None:
 def read_metrics(path) -> list[dict]:
     "The records of a metrics.jsonl (or a run folder's); [] if none. A torn last line (a kill mid-write) is skipped."
     path = Path(path) / METRICS if Path(path).is_dir() else Path(path)
-    return _parse_metrics(path)[0] if path.is_file() else []
-
-
-def _parse_metrics(path: Path) -> tuple[list[dict], bool]:
-    "The records of the file `path`, and whether its last line was torn; any other bad line is one ValueError."
-    lines = path.read_bytes().rstrip(b"\n").split(b"\n")
+    lines = path.read_bytes().rstrip(b"\n").split(b"\n") if path.is_file() else []
     records = []
     for n, raw in enumerate(lines, 1):
         try:
             record = json.loads(raw)
         except ValueError:  # not JSON, or not UTF-8
             if n == len(lines):
-                return records, True
+                break
             record = None
         if not isinstance(record, dict) or not isinstance(record.get("iter"), int):
             raise ValueError(f"{path} line {n} is not a metrics record ({raw[:60]!r}): remove that line and resume")
         records.append(record)
-    return records, False
+    return records
 
 
 def trim_metrics(run_dir, step: int) -> list[dict]:
-    "Keep the records up to `step` (a resume redoes the steps after its checkpoint); returns them."
+    "Keep the records up to `step` (a resume redoes the steps after its checkpoint), and no torn line; returns them."
     path = Path(run_dir) / METRICS
-    records, torn = _parse_metrics(path) if path.is_file() and path.stat().st_size else ([], False)
-    if torn:
+    records, old = read_metrics(path), path.read_bytes() if path.is_file() else b""
+    if len(records) < len(old.splitlines()):
         print(f"note: {path}: removed a torn last line (a crash while writing it)", file=sys.stderr)
     kept = [r for r in records if r["iter"] <= step]
-    if len(kept) < len(records) or torn:
-        with atomic_write(path) as f:
-            f.writelines(json.dumps(r) + "\n" for r in kept)
+    if (new := "".join(json.dumps(r) + "\n" for r in kept).encode()) != old:
+        with atomic_write(path, "wb") as f:
+            f.write(new)
     return kept
 
 # %% ../nbs/A2_checkpoints.ipynb #da5ca25c
@@ -357,24 +327,17 @@ def _move_in(run_dir: Path) -> None:
 def check_same_data(data_file: Path, state: dict) -> None:
     "On resume: the data file must have the SHA-256 the run recorded when it started (it may have moved)."
     recorded, before = state.get("data_sha256"), (state.get("train_config") or {}).get("data_path")
-    if recorded is None:
-        return  # the run was given its data as tokens
     if not data_file.is_file():
         raise FileNotFoundError(
-            f"the run's data file {data_file} is gone (moved or deleted): give its new place "
-            "with --data PATH (it is checked against the SHA-256 recorded when the run started)"
+            f"the run's data file {data_file} is gone (moved or deleted): give its new place with --data PATH"
         )
-    if (now := sha256_of(data_file)) == recorded:
-        return
-    if before is not None and Path(before) != data_file:
+    if (now := sha256_of(data_file)) != recorded:
+        other = before is not None and Path(before) != data_file
+        what = f"is not the run's data file, {before}," if other else "changed since the run started"
         raise ValueError(
-            f"{data_file} is not the run's data file: the run trained on {before} (SHA-256 "
-            f"{recorded[:12]}...): give that text with --data, or start a fresh run"
+            f"the data file {data_file} {what} (SHA-256 {now[:12]}... now, {recorded[:12]}... then): "
+            "resume with the original text (--data PATH), or start a fresh run"
         )
-    raise ValueError(
-        f"the data file {data_file} changed since the run started (SHA-256 {now[:12]}... now, "
-        f"{recorded[:12]}... then): resume with the original text (--data PATH), or start a fresh run"
-    )
 
 
 def run_data(cfg, state: dict | None, tokenizer) -> tuple[TokenData, str]:
@@ -464,13 +427,10 @@ def header(trainer, state: dict | None) -> str:
 
 def summary(trainer, seconds: float) -> str:
     "The lines a finished run ends with: time, best val loss, where its checkpoint and metrics are."
-    best = min((r["val_loss"] for r in trainer.history), default=None)
-    ckpts = list_checkpoints(trainer.out_dir)
+    best = min(r["val_loss"] for r in trainer.history)  # a finished run evaluated and saved its last step
     return (
-        f"done in {seconds:.1f} s at step {trainer.step}: "
-        + (f"best val loss {best:.4f}" if best is not None else "no evaluation")
-        + f"\ncheckpoint: {ckpts[-1] if ckpts else 'none'}\nmetrics: {trainer.out_dir / 'metrics.jsonl'}"
-        + _speed(trainer)
+        f"done in {seconds:.1f} s at step {trainer.step}: best val loss {best:.4f}\n"
+        f"checkpoint: {list_checkpoints(trainer.out_dir)[-1]}\nmetrics: {trainer.out_dir / METRICS}{_speed(trainer)}"
     )
 
 
