@@ -29,10 +29,11 @@ def fsync_dir(path) -> None:
         os.close(fd)
 
 
-def _fsync_file(path) -> None:
-    "Push the bytes of the file at `path` to the disk."
+def _finish_file(path) -> None:
+    "Push the bytes of the file at `path` to the disk; give it the permissions any new file of the user gets."
     with open(path, "rb+") as f:
         os.fsync(f.fileno())
+    os.chmod(path, 0o666 & ~_umask())
 
 
 @contextlib.contextmanager
@@ -55,8 +56,7 @@ def atomic_write(path, mode: str | None = "w"):
         else:
             with os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8") as f:
                 yield f
-        _fsync_file(tmp)
-        os.chmod(tmp, 0o666 & ~_umask())
+        _finish_file(tmp)
         os.replace(tmp, path)
     except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
@@ -91,8 +91,7 @@ def atomic_dir(path):
         yield tmp
         for p in tmp.rglob("*"):
             if p.is_file():
-                _fsync_file(p)
-                os.chmod(p, 0o666 & ~_umask())
+                _finish_file(p)
         fsync_dir(tmp)
         os.chmod(tmp, 0o777 & ~_umask())
         if path.exists():

@@ -30,7 +30,7 @@ try:
 except ImportError:  # Windows: runs are not locked
     fcntl = None
 
-from .checkpoint import REPLACING, STATE, checkpoint_dirs, is_checkpoint_dir, list_checkpoints, load_checkpoint
+from .checkpoint import REPLACING, STATE, is_checkpoint_dir, list_checkpoints, load_checkpoint
 from .checkpoint import read_state
 from .chat import chat_data
 from .reward import rl_data
@@ -254,11 +254,10 @@ def trim_metrics(run_dir, step: int) -> list[dict]:
     return kept
 
 # %% ../nbs/A2_checkpoints.ipynb #da5ca25c
-def save_run_config(run_dir, train_config: dict, model_config: dict | None) -> Path:
+def save_run_config(run_dir, train_config: dict, model_config: dict | None) -> None:
     "Write the run's config.json: its TrainConfig and GPTConfig as dicts (what `load_run_config` reads)."
     with atomic_write(Path(run_dir) / CONFIG) as f:
         json.dump({"train_config": train_config, "model_config": model_config}, f, indent=1)
-    return Path(run_dir) / CONFIG
 
 
 def load_run_config(path) -> dict:
@@ -290,13 +289,13 @@ def start_run(run_dir, resume: bool, overwrite: bool) -> tuple[Path, dict | None
     _sweep(run_dir)
     if resume:
         return run_dir, read_state(run_dir)
-    if not checkpoint_dirs(run_dir):  # a run killed before its first checkpoint left at most metrics and config
+    if not (ckpts := list_checkpoints(run_dir, complete=False)):  # killed before its first checkpoint: metrics at most
         for name in (METRICS, CONFIG):
             (run_dir / name).unlink(missing_ok=True)
         return run_dir, None
     if not overwrite:
         raise FileExistsError(
-            f"{run_dir} holds a run ({', '.join(p.name for p in checkpoint_dirs(run_dir)[-2:])}); continue it with "
+            f"{run_dir} holds a run ({', '.join(p.name for p in ckpts[-2:])}); continue it with "
             "--resume, or pass --overwrite to replace it (once the new run has saved its first checkpoint)"
         )
     (run_dir / STAGING).mkdir()
@@ -313,13 +312,13 @@ def commit_run(run_dir) -> None:
 def _move_in(run_dir: Path) -> None:
     "Replace the old run by the one in `.replacing`; safe to repeat after a kill at any point."
     new = run_dir / REPLACING
-    if checkpoint_dirs(new):  # until the new checkpoints move, every checkpoint in run_dir is the old run's
-        for old in checkpoint_dirs(run_dir):
+    if list_checkpoints(new, complete=False):  # until the new ones move, every checkpoint in run_dir is the old run's
+        for old in list_checkpoints(run_dir, complete=False):
             remove_dir(old)
     for name in (METRICS, CONFIG):  # the new run staged both; a repeat after a kill finds them moved in already
         if (new / name).is_file():
             os.replace(new / name, run_dir / name)
-    for ckpt in checkpoint_dirs(new):
+    for ckpt in list_checkpoints(new, complete=False):
         os.rename(ckpt, run_dir / ckpt.name)
     new.rmdir()
 
