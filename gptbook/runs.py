@@ -165,9 +165,7 @@ def _unwritable(run_dir: Path, e: OSError) -> OSError:
     "The one-line error for a run folder that cannot be made or written."
     why = {errno.ENOTDIR: "it is a file, not a folder", errno.EEXIST: "it is a file, not a folder"}.get(e.errno)
     why = why or {errno.ELOOP: f"its {LOCK} is a symbolic link", errno.EISDIR: f"its {LOCK} is a folder"}.get(e.errno)
-    err = OSError(f"cannot write the run folder {run_dir} ({why or e.strerror or e}); choose another --out")
-    err.errno = e.errno
-    return err
+    return OSError(f"cannot write the run folder {run_dir} ({why or e.strerror or e}); choose another --out")
 
 # %% ../nbs/A2_checkpoints.ipynb #32790b04
 @contextlib.contextmanager
@@ -283,9 +281,8 @@ def _sweep(run_dir: Path) -> None:
             shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
 
 
-def start_run(run_dir, resume: bool, overwrite: bool) -> tuple[Path, dict | None]:
+def start_run(run_dir: Path, resume: bool, overwrite: bool) -> tuple[Path, dict | None]:
     "Under the run lock: the folder a run writes into (--overwrite: `.new_run`, see `commit_run`); a resume's state."
-    run_dir = Path(run_dir)
     _sweep(run_dir)
     if resume:
         return run_dir, read_state(run_dir)
@@ -302,9 +299,8 @@ def start_run(run_dir, resume: bool, overwrite: bool) -> tuple[Path, dict | None
     return run_dir / STAGING, None
 
 # %% ../nbs/A2_checkpoints.ipynb #54487b2f
-def commit_run(run_dir) -> None:
+def commit_run(run_dir: Path) -> None:
     "Switch the --overwrite run in: one rename marks the old run as replaced, then its files move into place."
-    run_dir = Path(run_dir)
     os.rename(run_dir / STAGING, run_dir / REPLACING)  # the one atomic step: from here on, the new run is the run
     _move_in(run_dir)
 

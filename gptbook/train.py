@@ -366,8 +366,7 @@ def _trainer(cfg, model_config, state, data, ranks: Ranks) -> Trainer:
 
 # %% ../nbs/08_training.ipynb #t8train01
 def train(cfg=None, model_config=None, *, resume=False, data=None, overwrite=False) -> Trainer:
-    """Train a GPT as `cfg` says, or (`resume`) continue `cfg.out_dir`'s run (`cfg=None`: its saved config), all checked
-    under the run lock before the disk changes; `overwrite` replaces a run there once the new one has a checkpoint."""
+    "Train as `cfg` says, or `resume` `cfg.out_dir`'s run (`cfg=None`: its config); `overwrite` replaces a run there."
     ranks = init_distributed()
     run_dir = Path((cfg or TrainConfig()).out_dir)
     with run_lock(run_dir) if ranks.rank == 0 else nullcontext():
