@@ -43,7 +43,7 @@ from .hf import hf_folder, hf_pretrained
 from .options import OptionError
 
 # %% auto #0
-__all__ = ['pick_threads', 'tensorboard_writer', 'TrainingDiverged', 'check_evaluation', 'Progress', 'LOCK', 'METRICS', 'CONFIG', 'STAGING', 'FIXED_BY_WEIGHTS', 'FIXED_ON_RESUME', 'NOT_SHAPE', 'RunLocked', 'run_lock', 'append_metrics', 'read_metrics', 'trim_metrics', 'save_run_config', 'load_run_config', 'start_run', 'commit_run', 'check_same_data', 'run_data', 'check_fits', 'last_good', 'interrupted', 'machine', 'header', 'summary', 'Pretrained', 'pretrained']
+__all__ = ['pick_threads', 'tensorboard_writer', 'to_tensorboard', 'TrainingDiverged', 'check_evaluation', 'Progress', 'LOCK', 'METRICS', 'CONFIG', 'STAGING', 'FIXED_BY_WEIGHTS', 'FIXED_ON_RESUME', 'NOT_SHAPE', 'RunLocked', 'run_lock', 'append_metrics', 'read_metrics', 'trim_metrics', 'save_run_config', 'load_run_config', 'start_run', 'commit_run', 'check_same_data', 'run_data', 'check_fits', 'last_good', 'interrupted', 'machine', 'header', 'summary', 'Pretrained', 'pretrained']
 
 # %% ../nbs/08_training.ipynb #t8thr002
 #| code-fold: true
@@ -81,6 +81,14 @@ def tensorboard_writer(folder: Path):
     except ImportError:
         raise ImportError('the tensorboard logger needs TensorBoard: pip install "gptbook[tensorboard]"') from None
     return SummaryWriter(str(folder))
+
+
+def to_tensorboard(writer, record: dict) -> None:
+    "The numbers of a metrics record, one TensorBoard scalar each at the record's step."
+    for name, value in record.items():
+        if isinstance(value, (int, float)) and name != "iter":
+            writer.add_scalar(name, value, record["iter"])
+    writer.flush()
 
 # %% ../nbs/08_training.ipynb #acb507b8
 #| code-fold: true
@@ -173,13 +181,10 @@ def run_lock(run_dir):
     "Hold the flock of `run_dir/.lock` (made if needed; freed when its holder dies) for the block; a second one fails."
     run_dir, created, held = Path(run_dir), False, False
     if (run_dir / STATE).is_file():
-        raise ValueError(
-            f"--out {run_dir} is a checkpoint folder, not a run folder; give its run folder: --out {run_dir.parent}"
-        )
+        raise ValueError(f"--out {run_dir} is a checkpoint folder, not a run folder: use --out {run_dir.parent}")
     try:
-        run_dir.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileExistsError):
-            run_dir.mkdir()
+            run_dir.mkdir(parents=True)
             created = True  # only `mkdir`'s one winner may remove the folder again
         flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
         fd = os.open(run_dir / LOCK, flags, 0o666)  # never through a link

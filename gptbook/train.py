@@ -33,7 +33,8 @@ from .model import GPT, autocast, lm_loss, pick_device, pick_dtype
 from .options import OptionError, Options, option
 from .runs import FIXED_BY_WEIGHTS, FIXED_ON_RESUME, append_metrics, check_fits, commit_run, header, interrupted
 from .runs import TrainingDiverged, check_evaluation, last_good, pretrained, run_data, run_lock, save_run_config
-from .runs import Progress, load_run_config, pick_threads, start_run, summary, tensorboard_writer, trim_metrics
+from .runs import load_run_config
+from .runs import Progress, pick_threads, start_run, summary, tensorboard_writer, to_tensorboard, trim_metrics
 
 # %% auto #0
 __all__ = ['lr_at', 'param_groups', 'make_optimizer', 'TrainConfig', 'Ranks', 'Trainer', 'init_distributed', 'train', 'train_sft',
@@ -150,6 +151,15 @@ class Ranks(NamedTuple):
     world_size: int = 1  # processes in all
 
 
+def _device_and_dtype(cfg: TrainConfig, local_rank: int) -> tuple[torch.device, torch.dtype]:
+    "The device of a process (its own GPU under torchrun) and the number format of its forward passes."
+    device = pick_device(cfg.device)
+    if device.type == "cuda":
+        device = torch.device("cuda", local_rank)  # one GPU per process
+        torch.set_float32_matmul_precision("high")  # TF32 for the float32 matmuls
+    return device, pick_dtype(cfg.dtype, device)
+
+
 def _mean(x: torch.Tensor, world_size: int) -> float:
     "The mean of `x` over the processes (every process gets the same number)."
     if world_size > 1:
@@ -164,11 +174,7 @@ class Trainer:
     def __init__(self, model: nn.Module, data: TokenData, cfg: TrainConfig, ranks: Ranks | None = None):
         self.cfg, self.data, (self.rank, local_rank, self.world_size) = cfg, data, ranks or Ranks()
         self.is_main = self.rank == 0  # rank 0 alone prints, writes metrics and saves checkpoints
-        self.device = pick_device(cfg.device)
-        if self.device.type == "cuda":
-            self.device = torch.device("cuda", local_rank)  # one GPU per process (its own under torchrun)
-            torch.set_float32_matmul_precision("high")  # TF32 for the float32 matmuls
-        self.dtype = pick_dtype(cfg.dtype, self.device)  # the number format of the forward passes
+        self.device, self.dtype = _device_and_dtype(cfg, local_rank)
         self.max_threads = torch.get_num_threads()  # the caller's CPU threads: the most the default takes
         self.model = model.to(self.device)  # plain: its state_dict is what checkpoints hold
         self.context_len = cfg.context_len or model.config.max_seq_len
@@ -290,10 +296,7 @@ class Trainer:
         if self.is_main:
             append_metrics(self.out_dir, record)
         if self.tensorboard is not None:  # the same numbers, one TensorBoard scalar each
-            for name, value in record.items():
-                if isinstance(value, (int, float)) and name != "iter":
-                    self.tensorboard.add_scalar(name, value, self.step)
-            self.tensorboard.flush()
+            to_tensorboard(self.tensorboard, record)
 
 # %% ../nbs/08_training.ipynb #3fd58852
 def init_distributed() -> Ranks:
