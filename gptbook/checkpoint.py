@@ -24,8 +24,8 @@ from .tokenizer import load_tokenizer
 
 # %% auto #0
 __all__ = ['CKPT_PREFIX', 'CKPT_FORMAT', 'CKPT_VERSION', 'WEIGHTS', 'TRAINING', 'TOKENIZER', 'STATE', 'REPLACING', 'step_of',
-           'checkpoint_dirs', 'list_checkpoints', 'is_checkpoint_dir', 'save_checkpoint', 'latest_checkpoint',
-           'read_state', 'load_weights', 'load_training_state', 'checkpoint_tokenizer', 'Checkpoint', 'load_checkpoint']
+           'list_checkpoints', 'is_checkpoint_dir', 'save_checkpoint', 'latest_checkpoint', 'read_state',
+           'load_weights', 'load_training_state', 'checkpoint_tokenizer', 'Checkpoint', 'load_checkpoint']
 
 # %% ../nbs/A2_checkpoints.ipynb #cae8ab8c
 CKPT_PREFIX = "ckpt_"
@@ -50,22 +50,17 @@ def step_of(folder) -> int | None:
     return int(digits) if name.startswith(CKPT_PREFIX) and digits.isdigit() else None
 
 
-def checkpoint_dirs(run_dir) -> list[Path]:
-    "The folders named `ckpt_<step>` in the run folder `run_dir`, oldest first (complete or not)."
+def list_checkpoints(run_dir, complete: bool = True) -> list[Path]:
+    "The folders `ckpt_<step>` of `run_dir`, oldest first: the complete ones (with state.json, written last), or all."
     run_dir = Path(run_dir)
     found = [p for p in run_dir.iterdir() if p.is_dir() and step_of(p) is not None] if run_dir.is_dir() else []
-    return sorted(found, key=step_of)
-
-
-def list_checkpoints(run_dir) -> list[Path]:
-    "The complete checkpoints of `run_dir` (those holding state.json, which a save writes last), oldest first."
-    return [p for p in checkpoint_dirs(run_dir) if (p / STATE).is_file()]
+    return sorted((p for p in found if not complete or (p / STATE).is_file()), key=step_of)
 
 
 def is_checkpoint_dir(path) -> bool:
     "Whether `path` is a checkpoint folder (it holds state.json, or is named `ckpt_<step>` and holds no `ckpt_*`)."
     path = Path(path)
-    return (path / STATE).is_file() or (step_of(path) is not None and not checkpoint_dirs(path))
+    return (path / STATE).is_file() or (step_of(path) is not None and not list_checkpoints(path, complete=False))
 
 # %% ../nbs/A2_checkpoints.ipynb #619df27d
 def _rng_state(generator) -> dict:
@@ -135,7 +130,7 @@ def latest_checkpoint(path) -> Path:
         return path
     if list_checkpoints(path / REPLACING):  # a run that replaces another, stopped while moving in
         path = path / REPLACING
-    every, complete = checkpoint_dirs(path), list_checkpoints(path)
+    every, complete = list_checkpoints(path, complete=False), list_checkpoints(path)
     if not complete:
         raise FileNotFoundError(_no_run(path))
     if skipped := [p.name for p in every if step_of(p) > step_of(complete[-1])]:
@@ -175,13 +170,7 @@ def read_state(path) -> dict:
             f"{folder / STATE} has format version {state.get('version')!r}; this gptbook reads "
             f"version {CKPT_VERSION}: use the gptbook that wrote it"
         )
-    kinds = {
-        "iter": int,
-        "sha256": dict,
-        "model_config": dict | None,
-        "train_config": dict | None,
-        "tokenizer": int | None,
-    }
+    kinds = dict(iter=int, sha256=dict, model_config=dict | None, train_config=dict | None, tokenizer=int | None)
     if bad := [k for k, kind in kinds.items() if not isinstance(state.get(k), kind)]:
         raise ValueError(f"{folder / STATE} has no valid {bad[0]!r}: the file is damaged{_earlier(folder)}")
     return {**state, "path": folder}
@@ -199,22 +188,16 @@ def _file(state: dict, name: str) -> Path:
     return path
 
 
-def _shapes_differ(path: Path, model) -> list[str]:
-    "The tensors whose shape in the safetensors file `path` differs from `model`'s, matrices first."
-    want = {k: list(v.shape) for k, v in model.state_dict().items()}
-    with safe_open(path, "pt") as f:
-        have = {k: f.get_slice(k).get_shape() for k in f.keys()}
-    bad = sorted((k for k in have if k in want and have[k] != want[k]), key=lambda k: (-len(have[k]), k))
-    return [f"{k} is {have[k]} in the file but {want[k]} in the model" for k in bad]
-
-
 def load_weights(model, state: dict) -> None:
     "Load the weights of the checkpoint whose state is `state` into `model` (built with its config)."
-    path = state["path"] / WEIGHTS
+    path, want = state["path"] / WEIGHTS, {k: list(v.shape) for k, v in model.state_dict().items()}
     try:
-        if bad := _shapes_differ(path, model):  # before the SHA-256: a file of another run is named as such
+        with safe_open(path, "pt") as f:  # the shapes before the SHA-256: a file of another run is named as such
+            have = {k: f.get_slice(k).get_shape() for k in f.keys()}
+        if bad := sorted((k for k in have if k in want and have[k] != want[k]), key=lambda k: (-len(have[k]), k)):
+            shapes = "; ".join(f"{k} is {have[k]} in the file but {want[k]} in the model" for k in bad[:3])
             raise ValueError(
-                f"{path} holds the weights of another model ({'; '.join(bad[:3])}): its state.json's "
+                f"{path} holds the weights of another model ({shapes}): its state.json's "
                 "model_config and its weights come from different runs"
             )
         load_model(model, str(_file(state, WEIGHTS)))  # fills a tied head from the one stored copy
@@ -275,24 +258,20 @@ class Checkpoint:
 
 def load_checkpoint(path, device=None) -> Checkpoint:
     "The GPT and tokenizer of a checkpoint folder, or of the latest checkpoint of a run folder, on `device`."
+    device = pick_device(device) if isinstance(device, str) else device or "cpu"
     for attempt in range(3):  # a run that trains may rotate its newest checkpoint away while it is being read
         try:
-            return _load(path, device)
+            state = read_state(path)
+            try:
+                model = GPT(GPTConfig.from_dict(state["model_config"] or {"vocab_size": None}))
+            except (TypeError, ValueError) as e:  # an edited or foreign model_config: one line naming the file
+                raise ValueError(f"{state['path'] / STATE}: its model_config cannot be built ({e})") from None
+            if rank := (state.get("train_config") or {}).get("lora_rank"):  # chapter 16: adapters, then merged
+                add_lora(model, rank)
+            load_weights(model, state)
+            merge_lora(model)
+            tokenizer = checkpoint_tokenizer(state)
+            return Checkpoint(model.to(device).eval(), tokenizer, state["iter"], state["path"], state)
         except FileNotFoundError:
             if attempt == 2 or is_checkpoint_dir(path):
                 raise
-
-
-def _load(path, device) -> Checkpoint:
-    state = read_state(path)
-    try:
-        config = GPTConfig.from_dict(state["model_config"] or {"vocab_size": None})
-    except (TypeError, ValueError) as e:  # an edited or foreign model_config: one line naming the file
-        raise ValueError(f"{state['path'] / STATE}: its model_config cannot be built ({e})") from None
-    model = GPT(config)
-    if rank := (state.get("train_config") or {}).get("lora_rank"):  # chapter 16: adapters beside frozen weights, merged
-        add_lora(model, rank)
-    load_weights(model, state)
-    merge_lora(model)
-    device = pick_device(device) if isinstance(device, str) else device or "cpu"
-    return Checkpoint(model.to(device).eval(), checkpoint_tokenizer(state), state["iter"], state["path"], state)

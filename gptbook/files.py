@@ -20,19 +20,24 @@ __all__ = ['fsync_dir', 'atomic_write', 'remove_dir', 'atomic_dir', 'sha256_of',
 # %% ../nbs/A2_checkpoints.ipynb #e4747d22
 def fsync_dir(path) -> None:
     "Make a rename or a new file in the folder `path` durable (POSIX only: other systems cannot open a folder)."
-    if os.name != "posix":
-        return
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    if os.name == "posix":
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
-def _fsync_file(path) -> None:
-    "Push the bytes of the file at `path` to the disk."
-    with open(path, "rb+") as f:
-        os.fsync(f.fileno())
+def _finish(path: Path, mode: int = 0o666) -> None:
+    "Push the file or folder `path` to the disk; give it `mode` less the umask, as `open` or `mkdir` would have."
+    if path.is_dir():
+        fsync_dir(path)
+    else:
+        with open(path, "rb+") as f:
+            os.fsync(f.fileno())
+    mask = os.umask(0)  # the umask, read by setting it and putting it back
+    os.umask(mask)
+    os.chmod(path, mode & ~mask)
 
 
 @contextlib.contextmanager
@@ -55,8 +60,7 @@ def atomic_write(path, mode: str | None = "w"):
         else:
             with os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8") as f:
                 yield f
-        _fsync_file(tmp)
-        os.chmod(tmp, 0o666 & ~_umask())
+        _finish(Path(tmp))
         os.replace(tmp, path)
     except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
@@ -64,13 +68,6 @@ def atomic_write(path, mode: str | None = "w"):
             raise OSError(e.errno, f"cannot write {path}: {e.strerror}") from None
         raise
     fsync_dir(path.parent)
-
-
-def _umask() -> int:
-    "The process's umask (read by setting it and putting it back)."
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 # %% ../nbs/A2_checkpoints.ipynb #82bc364d
 def remove_dir(path) -> None:
@@ -91,10 +88,8 @@ def atomic_dir(path):
         yield tmp
         for p in tmp.rglob("*"):
             if p.is_file():
-                _fsync_file(p)
-                os.chmod(p, 0o666 & ~_umask())
-        fsync_dir(tmp)
-        os.chmod(tmp, 0o777 & ~_umask())
+                _finish(p)
+        _finish(tmp, 0o777)
         if path.exists():
             remove_dir(path)
         os.rename(tmp, path)

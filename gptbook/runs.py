@@ -30,7 +30,7 @@ try:
 except ImportError:  # Windows: runs are not locked
     fcntl = None
 
-from .checkpoint import REPLACING, STATE, checkpoint_dirs, is_checkpoint_dir, list_checkpoints, load_checkpoint
+from .checkpoint import REPLACING, STATE, is_checkpoint_dir, list_checkpoints, load_checkpoint
 from .checkpoint import read_state
 from .chat import chat_data
 from .reward import rl_data
@@ -139,11 +139,9 @@ class Progress:
         record = {"iter": t.step, "train_loss": losses["train"], "val_loss": losses["val"]}
         record["lr"] = t.cfg.lr_at(max(t.step - 1, 0))  # the rate of the last step taken (of the next one at 0)
         record["tokens_per_sec"] = n * t.tokens_per_step / seconds if n else 0.0
-        record |= {
-            "grad_norm": sum(self.grad_norms) / n if n else None,
-            "ms_per_iter": 1000 * seconds / n if n else None,
-            "machine": machine(t.device),  # what the timings were measured on
-        }
+        record["grad_norm"] = sum(self.grad_norms) / n if n else None
+        record["ms_per_iter"] = 1000 * seconds / n if n else None
+        record["machine"] = machine(t.device)  # what the timings were measured on
         record["elapsed_s"] = time.perf_counter() - self.start
         record |= t.data.stats() if hasattr(t.data, "stats") else {}  # chapter 17: the rollouts' reward, KL, ...
         if t.is_main:
@@ -175,56 +173,36 @@ def _unwritable(run_dir: Path, e: OSError) -> OSError:
     "The one-line error for a run folder that cannot be made or written."
     why = {errno.ENOTDIR: "it is a file, not a folder", errno.EEXIST: "it is a file, not a folder"}.get(e.errno)
     why = why or {errno.ELOOP: f"its {LOCK} is a symbolic link", errno.EISDIR: f"its {LOCK} is a folder"}.get(e.errno)
-    err = OSError(f"cannot write the run folder {run_dir} ({why or e.strerror or e}); choose another --out")
-    err.errno = e.errno
-    return err
-
-
-def _open_lock(run_dir: Path) -> tuple[int, bool]:
-    "Make `run_dir` if needed (True: this process made it) and open its lock file, never following a link."
-    if (run_dir / STATE).is_file():
-        raise ValueError(
-            f"--out {run_dir} is a checkpoint folder, not a run folder; give its run folder: --out {run_dir.parent}"
-        )
-    try:
-        run_dir.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            run_dir.mkdir()
-            created = True
-        except FileExistsError:
-            created = False
-        flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
-        fd = os.open(run_dir / LOCK, flags, 0o666)
-    except OSError as e:
-        raise _unwritable(run_dir, e) from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):  # a device or a pipe named .lock
-        os.close(fd)
-        raise _unwritable(run_dir, OSError(errno.EINVAL, f"its {LOCK} is not a regular file"))
-    return fd, created
+    return OSError(f"cannot write the run folder {run_dir} ({why or e.strerror or e}); choose another --out")
 
 # %% ../nbs/A2_checkpoints.ipynb #32790b04
-def _take(fd: int, run_dir: Path) -> None:
-    "Take the lock on `fd`, or raise RunLocked naming the holder; then make sure the file is still the folder's lock."
-    if fcntl is not None:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            pid = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown: it is starting"
-            raise RunLocked(
-                f"another gptbook train is using {run_dir} (pid {pid}); wait for it, or choose another --out"
-            ) from None
-    if os.fstat(fd).st_nlink == 0:  # its creator removed it after a failed start: it guards nothing
-        raise RunLocked(f"another gptbook train started in {run_dir} at the same moment; run the command again")
-
-
 @contextlib.contextmanager
 def run_lock(run_dir):
     "Hold the flock of `run_dir/.lock` (made if needed; freed when its holder dies) for the block; a second one fails."
-    run_dir = Path(run_dir)
-    fd, created = _open_lock(run_dir)
-    held = False
+    run_dir, created, held = Path(run_dir), False, False
+    if (run_dir / STATE).is_file():
+        raise ValueError(f"--out {run_dir} is a checkpoint folder, not a run folder: use --out {run_dir.parent}")
     try:
-        _take(fd, run_dir)
+        with contextlib.suppress(FileExistsError):
+            run_dir.mkdir(parents=True)
+            created = True  # only `mkdir`'s one winner may remove the folder again
+        flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+        fd = os.open(run_dir / LOCK, flags, 0o666)  # never through a link
+    except OSError as e:
+        raise _unwritable(run_dir, e) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a device or a pipe named .lock
+            raise _unwritable(run_dir, OSError(errno.EINVAL, f"its {LOCK} is not a regular file"))
+        if fcntl is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                pid = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown: it is starting"
+                raise RunLocked(
+                    f"another gptbook train is using {run_dir} (pid {pid}); wait for it, or choose another --out"
+                ) from None
+        if os.fstat(fd).st_nlink == 0:  # its creator removed it after a failed start: it guards nothing
+            raise RunLocked(f"another gptbook train started in {run_dir} at the same moment; run the command again")
         held = True
         try:  # this process's pid, for a second run to name; a full disk is one line
             os.ftruncate(fd, 0)
@@ -251,44 +229,38 @@ def append_metrics(run_dir, record: dict) -> None:
 def read_metrics(path) -> list[dict]:
     "The records of a metrics.jsonl (or a run folder's); [] if none. A torn last line (a kill mid-write) is skipped."
     path = Path(path) / METRICS if Path(path).is_dir() else Path(path)
-    return _parse_metrics(path)[0] if path.is_file() else []
-
-
-def _parse_metrics(path: Path) -> tuple[list[dict], bool]:
-    "The records of the file `path`, and whether its last line was torn; any other bad line is one ValueError."
-    lines = path.read_bytes().rstrip(b"\n").split(b"\n")
+    lines = path.read_bytes().rstrip(b"\n").split(b"\n") if path.is_file() else []
     records = []
     for n, raw in enumerate(lines, 1):
         try:
             record = json.loads(raw)
         except ValueError:  # not JSON, or not UTF-8
             if n == len(lines):
-                return records, True
+                break
             record = None
         if not isinstance(record, dict) or not isinstance(record.get("iter"), int):
             raise ValueError(f"{path} line {n} is not a metrics record ({raw[:60]!r}): remove that line and resume")
         records.append(record)
-    return records, False
+    return records
 
 
 def trim_metrics(run_dir, step: int) -> list[dict]:
-    "Keep the records up to `step` (a resume redoes the steps after its checkpoint); returns them."
+    "Keep the records up to `step` (a resume redoes the steps after its checkpoint), and no torn line; returns them."
     path = Path(run_dir) / METRICS
-    records, torn = _parse_metrics(path) if path.is_file() and path.stat().st_size else ([], False)
-    if torn:
+    records, old = read_metrics(path), path.read_bytes() if path.is_file() else b""
+    if len(records) < len(old.splitlines()):
         print(f"note: {path}: removed a torn last line (a crash while writing it)", file=sys.stderr)
     kept = [r for r in records if r["iter"] <= step]
-    if len(kept) < len(records) or torn:
-        with atomic_write(path) as f:
-            f.writelines(json.dumps(r) + "\n" for r in kept)
+    if (new := "".join(json.dumps(r) + "\n" for r in kept).encode()) != old:
+        with atomic_write(path, "wb") as f:
+            f.write(new)
     return kept
 
 # %% ../nbs/A2_checkpoints.ipynb #da5ca25c
-def save_run_config(run_dir, train_config: dict, model_config: dict | None) -> Path:
+def save_run_config(run_dir, train_config: dict, model_config: dict | None) -> None:
     "Write the run's config.json: its TrainConfig and GPTConfig as dicts (what `load_run_config` reads)."
     with atomic_write(Path(run_dir) / CONFIG) as f:
         json.dump({"train_config": train_config, "model_config": model_config}, f, indent=1)
-    return Path(run_dir) / CONFIG
 
 
 def load_run_config(path) -> dict:
@@ -314,28 +286,26 @@ def _sweep(run_dir: Path) -> None:
             shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
 
 
-def start_run(run_dir, resume: bool, overwrite: bool) -> tuple[Path, dict | None]:
+def start_run(run_dir: Path, resume: bool, overwrite: bool) -> tuple[Path, dict | None]:
     "Under the run lock: the folder a run writes into (--overwrite: `.new_run`, see `commit_run`); a resume's state."
-    run_dir = Path(run_dir)
     _sweep(run_dir)
     if resume:
         return run_dir, read_state(run_dir)
-    if not checkpoint_dirs(run_dir):  # a run killed before its first checkpoint left at most metrics and config
+    if not (ckpts := list_checkpoints(run_dir, complete=False)):  # killed before its first checkpoint: metrics at most
         for name in (METRICS, CONFIG):
             (run_dir / name).unlink(missing_ok=True)
         return run_dir, None
     if not overwrite:
         raise FileExistsError(
-            f"{run_dir} holds a run ({', '.join(p.name for p in checkpoint_dirs(run_dir)[-2:])}); continue it with "
+            f"{run_dir} holds a run ({', '.join(p.name for p in ckpts[-2:])}); continue it with "
             "--resume, or pass --overwrite to replace it (once the new run has saved its first checkpoint)"
         )
     (run_dir / STAGING).mkdir()
     return run_dir / STAGING, None
 
 # %% ../nbs/A2_checkpoints.ipynb #54487b2f
-def commit_run(run_dir) -> None:
+def commit_run(run_dir: Path) -> None:
     "Switch the --overwrite run in: one rename marks the old run as replaced, then its files move into place."
-    run_dir = Path(run_dir)
     os.rename(run_dir / STAGING, run_dir / REPLACING)  # the one atomic step: from here on, the new run is the run
     _move_in(run_dir)
 
@@ -343,13 +313,13 @@ def commit_run(run_dir) -> None:
 def _move_in(run_dir: Path) -> None:
     "Replace the old run by the one in `.replacing`; safe to repeat after a kill at any point."
     new = run_dir / REPLACING
-    if checkpoint_dirs(new):  # until the new checkpoints move, every checkpoint in run_dir is the old run's
-        for old in checkpoint_dirs(run_dir):
+    if list_checkpoints(new, complete=False):  # until the new ones move, every checkpoint in run_dir is the old run's
+        for old in list_checkpoints(run_dir, complete=False):
             remove_dir(old)
     for name in (METRICS, CONFIG):  # the new run staged both; a repeat after a kill finds them moved in already
         if (new / name).is_file():
             os.replace(new / name, run_dir / name)
-    for ckpt in checkpoint_dirs(new):
+    for ckpt in list_checkpoints(new, complete=False):
         os.rename(ckpt, run_dir / ckpt.name)
     new.rmdir()
 
@@ -357,24 +327,17 @@ def _move_in(run_dir: Path) -> None:
 def check_same_data(data_file: Path, state: dict) -> None:
     "On resume: the data file must have the SHA-256 the run recorded when it started (it may have moved)."
     recorded, before = state.get("data_sha256"), (state.get("train_config") or {}).get("data_path")
-    if recorded is None:
-        return  # the run was given its data as tokens
     if not data_file.is_file():
         raise FileNotFoundError(
-            f"the run's data file {data_file} is gone (moved or deleted): give its new place "
-            "with --data PATH (it is checked against the SHA-256 recorded when the run started)"
+            f"the run's data file {data_file} is gone (moved or deleted): give its new place with --data PATH"
         )
-    if (now := sha256_of(data_file)) == recorded:
-        return
-    if before is not None and Path(before) != data_file:
+    if (now := sha256_of(data_file)) != recorded:
+        other = before is not None and Path(before) != data_file
+        what = f"is not the run's data file, {before}," if other else "changed since the run started"
         raise ValueError(
-            f"{data_file} is not the run's data file: the run trained on {before} (SHA-256 "
-            f"{recorded[:12]}...): give that text with --data, or start a fresh run"
+            f"the data file {data_file} {what} (SHA-256 {now[:12]}... now, {recorded[:12]}... then): "
+            "resume with the original text (--data PATH), or start a fresh run"
         )
-    raise ValueError(
-        f"the data file {data_file} changed since the run started (SHA-256 {now[:12]}... now, "
-        f"{recorded[:12]}... then): resume with the original text (--data PATH), or start a fresh run"
-    )
 
 
 def run_data(cfg, state: dict | None, tokenizer) -> tuple[TokenData, str]:
@@ -464,13 +427,10 @@ def header(trainer, state: dict | None) -> str:
 
 def summary(trainer, seconds: float) -> str:
     "The lines a finished run ends with: time, best val loss, where its checkpoint and metrics are."
-    best = min((r["val_loss"] for r in trainer.history), default=None)
-    ckpts = list_checkpoints(trainer.out_dir)
+    best = min(r["val_loss"] for r in trainer.history)  # a finished run evaluated and saved its last step
     return (
-        f"done in {seconds:.1f} s at step {trainer.step}: "
-        + (f"best val loss {best:.4f}" if best is not None else "no evaluation")
-        + f"\ncheckpoint: {ckpts[-1] if ckpts else 'none'}\nmetrics: {trainer.out_dir / 'metrics.jsonl'}"
-        + _speed(trainer)
+        f"done in {seconds:.1f} s at step {trainer.step}: best val loss {best:.4f}\n"
+        f"checkpoint: {list_checkpoints(trainer.out_dir)[-1]}\nmetrics: {trainer.out_dir / METRICS}{_speed(trainer)}"
     )
 
 

@@ -172,9 +172,9 @@ class Trainer:
     "A training run: model, AdamW, data and batch order, schedule, accumulation, clipping, bfloat16, DDP, checkpoints."
 
     def __init__(self, model: nn.Module, data: TokenData, cfg: TrainConfig, ranks: Ranks | None = None):
-        self.cfg, self.data, (self.rank, _, self.world_size) = cfg, data, ranks or Ranks()
+        self.cfg, self.data, (self.rank, local_rank, self.world_size) = cfg, data, ranks or Ranks()
         self.is_main = self.rank == 0  # rank 0 alone prints, writes metrics and saves checkpoints
-        self.device, self.dtype = _device_and_dtype(cfg, (ranks or Ranks()).local_rank)
+        self.device, self.dtype = _device_and_dtype(cfg, local_rank)
         self.max_threads = torch.get_num_threads()  # the caller's CPU threads: the most the default takes
         self.model = model.to(self.device)  # plain: its state_dict is what checkpoints hold
         self.context_len = cfg.context_len or model.config.max_seq_len
@@ -323,23 +323,16 @@ def _new_model(model_config: GPTConfig, seed: int, rank: int) -> GPT:
     torch.manual_seed(seed + rank)
     return model
 
-
-def _resumed(cfg: TrainConfig | None, state: dict) -> TrainConfig:
-    "The config a resumed run continues with: `cfg`, whose data and model must be the saved run's, else the saved one."
-    saved = TrainConfig.from_dict(state["train_config"]).replace(out_dir=str(state["path"].parent))
-    if cfg is None:
-        return saved
-    if changed := [f for f in FIXED_ON_RESUME if getattr(cfg, f) != getattr(saved, f)]:
-        flags = ", ".join(f"--{f.replace('_', '-')}" for f in changed)
-        raise ValueError(f"--resume continues a saved run, whose data and model cannot change: drop {flags}")
-    return cfg
-
 # %% ../nbs/08_training.ipynb #t8pretr01
 #| code-fold: true
 def _configs(cfg: TrainConfig | None, model_config: GPTConfig | None, state: dict | None):
     "(TrainConfig, GPTConfig or None, tokenizer or None, weights or None) of a resumed, initialized or new run."
-    if state is not None:
-        return _resumed(cfg, state), GPTConfig.from_dict(state["model_config"]), checkpoint_tokenizer(state), None
+    if state is not None:  # `cfg` (whose data and model must be the saved run's), else the saved config
+        saved = TrainConfig.from_dict(state["train_config"]).replace(out_dir=str(state["path"].parent))
+        if cfg is not None and (changed := [f for f in FIXED_ON_RESUME if getattr(cfg, f) != getattr(saved, f)]):
+            flags = ", ".join(f"--{f.replace('_', '-')}" for f in changed)
+            raise ValueError(f"--resume continues a saved run, whose data and model cannot change: drop {flags}")
+        return cfg or saved, GPTConfig.from_dict(state["model_config"]), checkpoint_tokenizer(state), None
     cfg = cfg or TrainConfig()
     if cfg.data_path:  # stored absolute, so that the run resumes from any working directory
         cfg = cfg.replace(data_path=str(Path(cfg.data_path).expanduser().resolve()))
@@ -376,8 +369,7 @@ def _trainer(cfg, model_config, state, data, ranks: Ranks) -> Trainer:
 
 # %% ../nbs/08_training.ipynb #t8train01
 def train(cfg=None, model_config=None, *, resume=False, data=None, overwrite=False) -> Trainer:
-    """Train a GPT as `cfg` says, or (`resume`) continue `cfg.out_dir`'s run (`cfg=None`: its saved config), all checked
-    under the run lock before the disk changes; `overwrite` replaces a run there once the new one has a checkpoint."""
+    "Train as `cfg` says, or `resume` `cfg.out_dir`'s run (`cfg=None`: its config); `overwrite` replaces a run there."
     ranks = init_distributed()
     run_dir = Path((cfg or TrainConfig()).out_dir)
     with run_lock(run_dir) if ranks.rank == 0 else nullcontext():
