@@ -43,7 +43,7 @@ from .hf import hf_folder, hf_pretrained
 from .options import OptionError
 
 # %% auto #0
-__all__ = ['pick_threads', 'tensorboard_writer', 'to_tensorboard', 'TrainingDiverged', 'check_evaluation', 'Progress', 'LOCK', 'METRICS', 'CONFIG', 'STAGING', 'FIXED_BY_WEIGHTS', 'FIXED_ON_RESUME', 'NOT_SHAPE', 'RunLocked', 'run_lock', 'append_metrics', 'read_metrics', 'trim_metrics', 'save_run_config', 'load_run_config', 'start_run', 'commit_run', 'check_same_data', 'run_data', 'check_fits', 'last_good', 'interrupted', 'machine', 'header', 'summary', 'Pretrained', 'pretrained']
+__all__ = ['pick_threads', 'tensorboard_writer', 'to_tensorboard', 'TrainingDiverged', 'check_evaluation', 'Progress', 'LOCK', 'METRICS', 'CONFIG', 'STAGING', 'FIXED_BY_WEIGHTS', 'FIXED_ON_RESUME', 'NOT_SHAPE', 'RunLocked', 'run_lock', 'append_metrics', 'read_metrics', 'trim_metrics', 'save_run_config', 'load_run_config', 'start_run', 'commit_run', 'run_data', 'check_fits', 'last_good', 'interrupted', 'machine', 'header', 'summary', 'Pretrained', 'pretrained']
 
 # %% ../nbs/08_training.ipynb #t8thr002
 #| code-fold: true
@@ -324,31 +324,27 @@ def _move_in(run_dir: Path) -> None:
     new.rmdir()
 
 # %% ../nbs/A2_checkpoints.ipynb #9d9a6f2c
-def check_same_data(data_file: Path, state: dict) -> None:
-    "On resume: the data file must have the SHA-256 the run recorded when it started (it may have moved)."
-    recorded, before = state.get("data_sha256"), (state.get("train_config") or {}).get("data_path")
-    if not data_file.is_file():
-        raise FileNotFoundError(
-            f"the run's data file {data_file} is gone (moved or deleted): give its new place with --data PATH"
-        )
-    if (now := sha256_of(data_file)) != recorded:
-        other = before is not None and Path(before) != data_file
-        what = f"is not the run's data file, {before}," if other else "changed since the run started"
-        raise ValueError(
-            f"the data file {data_file} {what} (SHA-256 {now[:12]}... now, {recorded[:12]}... then): "
-            "resume with the original text (--data PATH), or start a fresh run"
-        )
-
-
 def run_data(cfg, state: dict | None, tokenizer) -> tuple[TokenData, str]:
-    "The tokenized text of the run `cfg` (a TrainConfig), and its file's SHA-256 (checked on resume)."
+    "The tokenized text of the run `cfg` (a TrainConfig), and its file's SHA-256: on resume, the one recorded."
     if cfg.task:  # chapter 16: the task's conversations, made anew from its fixed items
         return (rl_data if cfg.group_size else chat_data)(cfg.task, tokenizer), None
     data_file = Path(cfg.data_path) if cfg.data_path else None
-    if state is not None and state.get("data_sha256"):
-        check_same_data(data_file or tiny_shakespeare_path(), state)
+    if recorded := (state or {}).get("data_sha256"):  # a resumed run reads the text it started on (it may move)
+        data_file = data_file or tiny_shakespeare_path()
+        if not data_file.is_file():
+            raise FileNotFoundError(
+                f"the run's data file {data_file} is gone (moved or deleted): give its new place with --data PATH"
+            )
+        if (now := sha256_of(data_file)) != recorded:
+            before = (state.get("train_config") or {}).get("data_path")
+            other = before is not None and Path(before) != data_file
+            what = f"is not the run's data file, {before}," if other else "changed since the run started"
+            raise ValueError(
+                f"the data file {data_file} {what} (SHA-256 {now[:12]}... now, {recorded[:12]}... then): "
+                "resume with the original text (--data PATH), or start a fresh run"
+            )
     data = load_token_data(tokenizer or cfg.tokenizer, cfg.bpe_vocab_size, cfg.data_path, cfg.val_fraction)
-    return data, sha256_of(data_file) if data_file else TINY_SHAKESPEARE_SHA256  # Tiny Shakespeare: checked on load
+    return data, (recorded or sha256_of(data_file)) if data_file else TINY_SHAKESPEARE_SHA256  # checked on load
 
 # %% ../nbs/A2_checkpoints.ipynb #26cd0b7d
 def check_fits(cfg, c: GPTConfig, data: TokenData) -> None:
