@@ -277,18 +277,13 @@ def load_run_config(path) -> dict:
     return {"train_config": configs["train_config"], "model_config": configs.get("model_config")}
 
 # %% ../nbs/A2_checkpoints.ipynb #5d5a8816
-def _sweep(run_dir: Path) -> None:
-    "Finish an interrupted --overwrite switch, then delete what killed processes left: temporary files, trash."
-    if (run_dir / REPLACING).is_dir():
-        _move_in(run_dir)
-    for p in run_dir.iterdir():
-        if p.name.startswith((".tmp_", ".trash_")) or p.name == STAGING:
-            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
-
-
 def start_run(run_dir: Path, resume: bool, overwrite: bool) -> tuple[Path, dict | None]:
     "Under the run lock: the folder a run writes into (--overwrite: `.new_run`, see `commit_run`); a resume's state."
-    _sweep(run_dir)
+    if (run_dir / REPLACING).is_dir():  # first finish an interrupted --overwrite switch
+        _move_in(run_dir)
+    for p in run_dir.iterdir():  # then delete what killed processes left: temporary files, trash
+        if p.name.startswith((".tmp_", ".trash_")) or p.name == STAGING:
+            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
     if resume:
         return run_dir, read_state(run_dir)
     if not (ckpts := list_checkpoints(run_dir, complete=False)):  # killed before its first checkpoint: metrics at most

@@ -124,11 +124,6 @@ def request_settings(body: dict, n_prompt: int, context: int, param: str, stop=N
         raise RequestError("max_tokens", why, code="context_length_exceeded")
     return config
 
-
-def _generator(body: dict):
-    seed = _get(body, "seed", kind=int, min=0, max=2**64, max_open=True)  # torch's seeds are 64-bit
-    return None if seed is None else torch.Generator().manual_seed(seed)
-
 # %% ../nbs/A6_serve.ipynb #a6s25
 def response(chat: bool, rid: str, name: str, text: str | None, finish: str | None, stream: bool, usage=None) -> dict:
     "An OpenAI response, or one chunk of a stream, holding `text` (None: the stream's last chunk, with `finish`)."
@@ -178,7 +173,9 @@ class Server:
         stop = chat_ids(self.tokenizer) if chat else None  # a chat's reply ends at any chat token
         config = request_settings(body, len(ids), self.model.config.max_seq_len, "messages" if chat else "prompt", stop)
         info, rid = {}, f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-        pieces = self._locked(reply(self.model, self.tokenizer, ids, config, _generator(body), info))
+        seed = _get(body, "seed", kind=int, min=0, max=2**64, max_open=True)  # torch's seeds are 64-bit
+        g = None if seed is None else torch.Generator().manual_seed(seed)
+        pieces = self._locked(reply(self.model, self.tokenizer, ids, config, g, info))
         if _get(body, "stream", False, bool):
             chunks = _events(pieces, lambda text, finish=None: response(chat, rid, self.name, text, finish, True), info)
             return StreamingResponse(chunks, media_type="text/event-stream")
