@@ -386,8 +386,6 @@ def stream(
 ) -> Iterator[str]:
     "Continue the text `prompt`, yielding the new text in pieces of valid UTF-8 as soon as they are complete."
     tokenizer = as_tokenizer(tokenizer)
-    if prompt == "":
-        raise ValueError("empty prompt: give at least one character to continue (e.g. a newline)")
     p = next(iter(model.parameters()), None)  # the prompt's ids (1, T) go to the model's device
     idx = torch.tensor([tokenizer.encode(prompt)], dtype=torch.long, device=p.device if p is not None else "cpu")
     config = _settings(model, idx, config, max_new_tokens, temperature, top_k, top_p, use_cache)
