@@ -336,8 +336,7 @@ class TextDecoder:
 
 # %% ../nbs/09_sampling.ipynb #2a4c04c0
 def _cut_at_stop(text: str, stop_strings: tuple[str, ...]) -> tuple[str, bool]:
-    """(text before the first stop string to be complete, True), or (text, False) if none is: the one that ends
-    first, and of those the one that starts first. Example: 'ab\\n\\nc' -> ('ab', True)"""
+    "(text cut at the stop string ending first (ties: the first to start), True), else (text, False)."
     ends = [i + len(s) for s in stop_strings if (i := text.find(s)) >= 0]
     if not ends:
         return text, False
