@@ -168,8 +168,7 @@ def _last_logits(model, window, length: int, cache, use_cache: bool):
     if cache is None:  # prefill: run the whole prompt once and fill the cache
         cache = model.make_cache(window.size(0), device=window.device)
         return model(window, cache=cache)[:, -1, :], cache
-    # The cache holds positions 0..length-2: run only the newest token, at position length-1.
-    return model(window[:, -1:], cache=cache)[:, -1, :], cache
+    return model(window[:, -1:], cache=cache)[:, -1, :], cache  # the newest token; the cache holds the rest
 
 
 @torch.no_grad()
