@@ -210,8 +210,7 @@ def _adapt_hf(hf, inner, kind: str) -> TokenizerAdapter:
 
 
 def as_tokenizer(tokenizer):
-    """`tokenizer` as gptbook uses it: a tiktoken.Encoding or an HF tokenizer in a TokenizerAdapter; gptbook's own
-    (any other object with `encode`, `decode` and `vocab_size`, known without importing them) as it is."""
+    "`tokenizer` as gptbook uses it: tiktoken's or HF's in a TokenizerAdapter; ours (with encode, decode) as it is."
     if hasattr(tokenizer, "decode_single_token_bytes") and hasattr(tokenizer, "encode_ordinary"):  # tiktoken
         t = tokenizer
         return TokenizerAdapter(t, "tiktoken", t.encode_ordinary, t.decode, t.n_vocab, t.decode_single_token_bytes)

@@ -75,8 +75,7 @@ def get_batch(
     # every rank draws the offsets of the whole global batch, keeps its slice
     ix = torch.randint(0, n - T, (world_size * B,), generator=generator)
     ix = ix[rank * B : (rank + 1) * B].numpy()  # (B,) this rank's offsets
-    window = np.asarray(data[ix[:, None] + np.arange(T + 1)])  # (B, T + 1)
-    window = torch.from_numpy(window.astype(np.int64))
+    window = torch.from_numpy(np.asarray(data[ix[:, None] + np.arange(T + 1)], dtype=np.int64))  # (B, T + 1)
     x, y = window[:, :-1].contiguous(), window[:, 1:].contiguous()  # (B, T)
     if device is None:
         return x, y

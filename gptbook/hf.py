@@ -180,8 +180,7 @@ def save_hf(model: GPT, folder, tokenizer=None, trained: dict | None = None) -> 
         save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
         _write_json(tmp / "config.json", config | ends)
         _write_json(tmp / "generation_config.json", ends)
-        card = _model_card(model, config | ends, tokenizer, trained)
-        (tmp / "README.md").write_text(card, encoding="utf-8")
+        (tmp / "README.md").write_text(_model_card(model, config | ends, tokenizer, trained), encoding="utf-8")
     return folder
 
 # %% ../nbs/A3_interop.ipynb #dd18890a

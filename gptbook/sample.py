@@ -168,8 +168,7 @@ def _last_logits(model, window, length: int, cache, use_cache: bool):
     if cache is None:  # prefill: run the whole prompt once and fill the cache
         cache = model.make_cache(window.size(0), device=window.device)
         return model(window, cache=cache)[:, -1, :], cache
-    # The cache holds positions 0..length-2: run only the newest token, at position length-1.
-    return model(window[:, -1:], cache=cache)[:, -1, :], cache
+    return model(window[:, -1:], cache=cache)[:, -1, :], cache  # the newest token; the cache holds the rest
 
 
 @torch.no_grad()
@@ -336,8 +335,7 @@ class TextDecoder:
 
 # %% ../nbs/09_sampling.ipynb #2a4c04c0
 def _cut_at_stop(text: str, stop_strings: tuple[str, ...]) -> tuple[str, bool]:
-    """(text before the first stop string to be complete, True), or (text, False) if none is: the one that ends
-    first, and of those the one that starts first. Example: 'ab\\n\\nc' -> ('ab', True)"""
+    "(text cut at the stop string ending first (ties: the first to start), True), else (text, False)."
     ends = [i + len(s) for s in stop_strings if (i := text.find(s)) >= 0]
     if not ends:
         return text, False
@@ -386,8 +384,6 @@ def stream(
 ) -> Iterator[str]:
     "Continue the text `prompt`, yielding the new text in pieces of valid UTF-8 as soon as they are complete."
     tokenizer = as_tokenizer(tokenizer)
-    if prompt == "":
-        raise ValueError("empty prompt: give at least one character to continue (e.g. a newline)")
     p = next(iter(model.parameters()), None)  # the prompt's ids (1, T) go to the model's device
     idx = torch.tensor([tokenizer.encode(prompt)], dtype=torch.long, device=p.device if p is not None else "cpu")
     config = _settings(model, idx, config, max_new_tokens, temperature, top_k, top_p, use_cache)

@@ -292,8 +292,7 @@ def _compile_pattern(pattern, max_size: int = 100_000):
     "`pattern` compiled by `regex`; a TypeError for a non-string, a ValueError for a bad regex or one too big to build."
     if not isinstance(pattern, str):
         raise TypeError(f"pattern must be a regex string or None, got {type(pattern).__name__}")
-    # regex builds a counted repeat a{n}, {n,} or {n,m} as n copies of `a` (max_size copies take ~30 MB): an
-    # upper bound on what compiling builds is each character times every count
+    # regex builds a{n}, {n,} or {n,m} as n copies of `a` (max_size: ~30 MB): at most each character times every count
     size = len(pattern) * math.prod(max(int(n), 1) for n in regex.findall(r"\{(\d{1,9})", pattern))
     if size > max_size:
         raise ValueError(

@@ -45,7 +45,7 @@ def _ms_mib(r: dict) -> str:
     return f"{r['ms']:.2f} ms" + ("" if mib is None else f", {mib:,.0f} MiB")
 
 
-def _attention_lines(rows: list) -> list[str]:
+def _attention_lines(rows: list, res: dict) -> list[str]:
     s = rows[0]  # the shapes: the same in every row
     shapes = f"batch {s['batch']}, {s['heads']} heads, d_k {s['d_k']}, {s['dtype']}, forward only"
     return [shapes, "time per call and peak extra memory (on a GPU), manual and fused:"] + [
@@ -55,7 +55,7 @@ def _attention_lines(rows: list) -> list[str]:
     ]
 
 
-def _kernel_lines(k: dict) -> list[str]:
+def _kernel_lines(k: dict, res: dict) -> list[str]:
     return [
         f"T = {k['seq_len']:,}, {k['dtype']}: SDPA picks {k['is_causal']} with is_causal=True,",
         f"and {k['bool_mask']} with a boolean mask",
@@ -70,9 +70,9 @@ def _speed(name: str, r: dict | None) -> str:
     return f"{name}: {r['ms_per_step']:.1f} ms/step, {r['tokens_per_sec']:,.0f} tokens/s{mfu}"
 
 
-def _throughput_lines(t: dict, nanogpt: dict | None) -> list[str]:
+def _throughput_lines(t: dict, res: dict) -> list[str]:
     size = f"{t['params']:,} parameters, batches of {t['batch']} x {t['seq_len']:,} tokens, forward + backward + AdamW"
-    runs = {"gptbook": t, "nanoGPT's train.py": nanogpt}
+    runs = {"gptbook": t, "nanoGPT's train.py": res.get("nanogpt")}
     return [size] + [_speed(f"{who}, {m}", r[m]) for who, r in runs.items() if r for m in ("eager", "compiled")]
 
 
@@ -88,17 +88,19 @@ def _curve_lines(name: str, c: dict) -> list[str]:
     return lines + _wrap("val loss at step " + curve)
 
 
-def _char_run_lines(c: dict, nanogpt: dict | None) -> list[str]:
+def _char_run_lines(c: dict, res: dict) -> list[str]:
     lines = _curve_lines("gptbook's trainer", c)
-    lines += _curve_lines("nanoGPT's train.py, same GPU", nanogpt) if nanogpt else []
+    lines += _curve_lines("nanoGPT's train.py, same GPU", res["nanogpt_char"]) if res.get("nanogpt_char") else []
     return lines + [f"nanoGPT's README, one A100: {c['nanogpt_published_val_loss']:.4f}"]
 
 
-def _gpt2_char_lines(c: dict) -> list[str]:
+def _gpt2_char_lines(c: dict, res: dict) -> list[str]:
     return _curve_lines("GPT-2 small on characters", c) + ([] if c.get("complete", True) else _wrap(f"({c['note']})"))
 
 
-SECTIONS = ("attention", "kernels", "throughput", "char_run", "gpt2_char")
+_LINES = {"attention": _attention_lines, "kernels": _kernel_lines, "throughput": _throughput_lines}
+_LINES |= {"char_run": _char_run_lines, "gpt2_char": _gpt2_char_lines}  # (section, whole gpu.json) -> lines
+SECTIONS = tuple(_LINES)
 
 
 def gpu_figures(section: str, folder=None) -> str:
@@ -110,11 +112,5 @@ def gpu_figures(section: str, folder=None) -> str:
         return NOT_MEASURED
     m = res.get("machine", {})
     dry = ["a --dry-run: tiny sizes on a CPU, not the book's figures"] if m.get("dry_run") else []
-    lines = {
-        "attention": lambda r: _attention_lines(r),
-        "kernels": lambda r: _kernel_lines(r),
-        "throughput": lambda r: _throughput_lines(r, res.get("nanogpt")),
-        "char_run": lambda r: _char_run_lines(r, res.get("nanogpt_char")),
-        "gpt2_char": lambda r: _gpt2_char_lines(r),
-    }[section](res[section])
+    lines = _LINES[section](res[section], res)
     return "\n".join([f"bench/results/gpu.json: {m.get('gpu') or 'CPU'}, torch {m.get('torch')}", *dry, *lines])

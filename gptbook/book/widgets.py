@@ -69,8 +69,7 @@ def _readout(c: dict) -> str:
     "What a slider's `<output>` shows at its value: the number at the step's precision, or 'off'."
     if c["off"] is not None and float(c["value"]) == float(c["off"]):
         return "off"
-    step = f"{c['step']:g}"
-    return _fixed(c["value"], len(step.split(".")[1]) if "." in step else 0)
+    return _fixed(c["value"], len(f"{c['step']:g}".partition(".")[2]))  # the step's decimals
 
 # %% ../../nbs/A5_widgets.ipynb #9eadff81
 #| code-fold: true
