@@ -500,8 +500,8 @@ def test_an_absurd_max_new_tokens_is_refused_at_once(n):
         assert e.value.field == "max_new_tokens" and m.calls == []
 
 
-def test_generate_grows_its_buffer_and_gives_the_same_tokens():
-    "Nothing is allocated for tokens not generated yet: the buffer doubles past its first 1,024 columns."
+def test_generate_over_1500_tokens_gives_the_tokens_of_generate_steps():
+    "Batched generate collects each step's tokens and picks each row's: a long run equals the steps, token for token."
     m = RunningMeanLM()
     idx = torch.tensor([[1, 2, 3], [4, 5, 6]])
     n = 1500
