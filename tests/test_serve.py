@@ -284,9 +284,12 @@ def ask(page, text: str) -> tuple[str, list]:
     "Type `text`, press Enter, wait for the reply: (its text, the updates the page showed while it came)."
     page.evaluate(WATCH)
     page.fill("#text", text)
-    page.press("#text", "Enter")
-    page.wait_for_selector("#form[data-busy]", state="attached", timeout=5000)
-    page.wait_for_selector("#form:not([data-busy])", state="attached", timeout=20000)
+    n = page.locator("#log > div").count()
+    page.press("#text", "Enter")  # the two new bubbles and the busy mark come in one task: no wait can miss them
+    done = (
+        f"document.querySelectorAll('#log > div').length === {n + 2} && !document.getElementById('form').dataset.busy"
+    )
+    page.wait_for_function(done, timeout=20000)
     return page.locator("#log > div").last.text_content(), page.evaluate("window.seen")
 
 
