@@ -1,6 +1,6 @@
 """Chapter 16's measurements: the BPE baby fine-tuned on each task, fully and with LoRA, scored by exact match on
 held-out test items against the most frequent answer and the base model prompted few-shot; then the model fine-tuned
-on `add` (AFTER) fine-tuned further on each other task, fully and with LoRA. 95% bootstrap intervals.
+on one task fine-tuned further on another (AFTER), fully and with LoRA. 95% bootstrap intervals.
 
     python bench/assistant.py [--threads 2] [--n-test 500]
 
@@ -22,7 +22,7 @@ from gptbook.checkpoint import load_checkpoint
 from gptbook.runs import read_metrics
 
 LORA_RANK = 2
-AFTER = "add"  # the chat model that the second comparison of LoRA and full fine-tuning starts from
+AFTER = (("add", "reverse"), ("add", "last_word"), ("first_word", "last_word"))  # (the chat model, the next task)
 
 
 def train_seconds(run: Path) -> float:
@@ -52,16 +52,16 @@ def measure(task: str, base, n_test: int) -> dict:
     return out
 
 
-def measure_after(task: str, n_test: int) -> dict:
-    "Full fine-tuning and LoRA of the model fine-tuned on AFTER, on `task`."
+def measure_after(after: str, task: str, n_test: int) -> dict:
+    "Full fine-tuning and LoRA of the model fine-tuned on `after`, on `task`."
     test = task_items(task, "test", n_test)
-    runs = {"full": sft_run(task, after=AFTER), "lora": sft_run(task, LORA_RANK, after=AFTER)}
+    runs = {"full": sft_run(task, after=after), "lora": sft_run(task, LORA_RANK, after=after)}
     checkpoints = {name: load_checkpoint(run) for name, run in runs.items()}
     scores = {name: exact_match(ck.model, ck.tokenizer, test) for name, ck in checkpoints.items()}
     out = {name: bootstrap(s) for name, s in scores.items()}
     out["lora_minus_full"] = bootstrap(scores["lora"], scores["full"])
     out |= {f"{name}_seconds": train_seconds(run) for name, run in runs.items()}
-    print(f"{task} after {AFTER}", json.dumps(out), flush=True)
+    print(f"{task} after {after}", json.dumps(out), flush=True)
     return out
 
 
@@ -77,11 +77,10 @@ def main():
     parameters = sum(p.numel() for p in model.parameters())
     adapters = sum(p.numel() for n, p in add_lora(model, LORA_RANK).named_parameters() if "lora_" in n)
     trained = adapters + 3 * model.config.d_model  # and the chat tokens' rows of the (tied) embedding
-    trained_on = read_metrics(sft_run(AFTER) / "metrics.jsonl")[-1]["machine"]  # where the runs' seconds come from
+    trained_on = read_metrics(sft_run("add") / "metrics.jsonl")[-1]["machine"]  # where the runs' seconds come from
     results = {"machine": trained_on, "n_test": args.n_test, "parameters": parameters, "lora_trained": trained}
     results["tasks"] = tasks
-    results["after"] = AFTER
-    results["after_tasks"] = {task: measure_after(task, args.n_test) for task in TASKS if task != AFTER}
+    results["after_tasks"] = {f"{task} after {after}": measure_after(after, task, args.n_test) for after, task in AFTER}
     path = Path(__file__).parent / "results" / "assistant.json"
     path.write_text(json.dumps(results, indent=1) + "\n")
     print(f"wrote {path}")

@@ -35,10 +35,11 @@ def split_of(question: str) -> str:
 # %% ../nbs/16_assistant.ipynb #c16tasks1
 #| code-fold: true
 @functools.cache
-def _lines() -> list[str]:
-    "Tiny Shakespeare's spoken lines of 20 to 40 characters (not the speakers' names)."
+def _lines(split: str | None = None) -> list[str]:
+    "Tiny Shakespeare's spoken lines of 20 to 40 characters (not the speakers' names), or those of last_word's `split`."
     lines = {line.strip() for line in tiny_shakespeare().splitlines()}
-    return sorted(line for line in lines if 20 <= len(line) <= 40 and not line.endswith(":"))
+    lines = sorted(line for line in lines if 20 <= len(line) <= 40 and not line.endswith(":"))
+    return [line for line in lines if split_of(f"Last word of: {line}") == split] if split else lines
 
 
 def _add(rng: random.Random) -> tuple[str, str]:
@@ -56,7 +57,12 @@ def _last_word(rng: random.Random) -> tuple[str, str]:
     return f"Last word of: {line}", re.findall(r"[A-Za-z']+", line)[-1]
 
 
-TASKS = {"add": _add, "reverse": _reverse, "last_word": _last_word}
+def _first_word(rng: random.Random) -> tuple[str, str]:
+    line = rng.choice(_lines("train"))  # no line of last_word's test: a model can learn one task, then the other
+    return f"First word of: {line}", re.findall(r"[A-Za-z']+", line)[0]
+
+
+TASKS = {"add": _add, "reverse": _reverse, "last_word": _last_word, "first_word": _first_word}
 
 # %% ../nbs/16_assistant.ipynb #c16tasks2
 def task_items(task: str, split: str, n: int, seed: int = 0) -> list[tuple[str, str]]:
