@@ -35,11 +35,10 @@ def split_of(question: str) -> str:
 # %% ../nbs/16_assistant.ipynb #c16tasks1
 #| code-fold: true
 @functools.cache
-def _lines(split: str | None = None) -> list[str]:
-    "Tiny Shakespeare's spoken lines of 20 to 40 characters (not the speakers' names), or those of last_word's `split`."
+def _lines(shortest: int = 20, longest: int = 40) -> list[str]:
+    "Tiny Shakespeare's spoken lines (not the speakers' names) of `shortest` to `longest` characters."
     lines = {line.strip() for line in tiny_shakespeare().splitlines()}
-    lines = sorted(line for line in lines if 20 <= len(line) <= 40 and not line.endswith(":"))
-    return [line for line in lines if split_of(f"Last word of: {line}") == split] if split else lines
+    return sorted(line for line in lines if shortest <= len(line) <= longest and not line.endswith(":"))
 
 
 def _add(rng: random.Random) -> tuple[str, str]:
@@ -58,7 +57,7 @@ def _last_word(rng: random.Random) -> tuple[str, str]:
 
 
 def _first_word(rng: random.Random) -> tuple[str, str]:
-    line = rng.choice(_lines("train"))  # no line of last_word's test: a model can learn one task, then the other
+    line = rng.choice(_lines(41, 60))  # longer lines than last_word's: no line is in both tasks
     return f"First word of: {line}", re.findall(r"[A-Za-z']+", line)[0]
 
 
