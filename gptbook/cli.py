@@ -90,12 +90,11 @@ def _argument(f: dataclasses.Field, hint, default) -> tuple[list[str], dict]:
     if "default" not in text:  # a help text may say its default in words ("default: the model's max_seq_len")
         text += f" (default: {_default_text(f, default)})"
     kw = dict(dest=f.name, default=None, help=text.strip().replace("%", "%%"))
-    origin = typing.get_origin(base) or base
     if choices := choices_of(base):
         kw.update(choices=(*choices, _NONE) if optional else choices, type=_parse_as(type(choices[0]), optional))
     elif base is bool:
         kw.update(action=argparse.BooleanOptionalAction)
-    elif origin in (tuple, list):
+    elif (typing.get_origin(base) or base) in (tuple, list):
         item = (typing.get_args(base) or (str,))[0]
         kw.update(action="append", type=_parse_as(item, False), metavar=_METAVARS[item])  # --stop a --stop b
     else:

@@ -202,13 +202,12 @@ def train_induction(
         if step % eval_every == 0 or step == steps:
             history.append(dict(step=step, **_measure(model.eval(), eval_batch, probe, probe_period)))
             model.train()
-        if step == steps:
-            break
-        idx, targets, _ = repeat_batch(batch_size, seq_len, vocab_size, periods, g_train)
-        loss = F.cross_entropy(model(idx).transpose(1, 2), targets)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+        if step < steps:
+            idx, targets, _ = repeat_batch(batch_size, seq_len, vocab_size, periods, g_train)
+            loss = F.cross_entropy(model(idx).transpose(1, 2), targets)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
     history[-1]["wall_s"] = time.perf_counter() - t0
     return model.eval(), history
 
