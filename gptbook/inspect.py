@@ -241,11 +241,8 @@ def patch_heads(model, clean, corrupted, period: int) -> list[dict]:
     def run(idx, outputs):
         with torch.no_grad(), patch(model, outputs), record(model) as rec:
             logits = model(idx)[:, :-1]  # (B, 2 * period - 1, vocab_size)
-        loss = F.cross_entropy(logits.mT, targets, reduction="none")
-        return dict(
-            loss=loss[:, period:].mean().item(),  # the second copy's targets
-            induction=[induction_score(w, period).tolist() for w in rec.attn],
-        )
+        loss = F.cross_entropy(logits.mT, targets, reduction="none")[:, period:].mean().item()  # on the second copy
+        return dict(loss=loss, induction=[induction_score(w, period).tolist() for w in rec.attn])
 
     first = (torch.arange(clean.shape[1]) < period)[:, None]  # (T, 1)
     rows = [dict(head=None, how="clean", **run(clean, {})), dict(head=None, how="corrupted", **run(corrupted, {}))]
