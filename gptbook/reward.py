@@ -139,9 +139,8 @@ def multiple_choice(model, tokenizer, items, n_choices: int = 4, chat: bool = Tr
         choices = rng.sample([b for b in pool if b != a], n_choices - 1) + [a]
         rng.shuffle(choices)
         texts = choices if chat else [f" {c}" for c in choices]
-        prompt = (
-            render([{"role": "user", "content": q}], tokenizer, True)[0] if chat else tokenizer.encode(f"Q: {q}\nA:")
-        )
+        user = [{"role": "user", "content": q}]
+        prompt = render(user, tokenizer, True)[0] if chat else tokenizer.encode(f"Q: {q}\nA:")
         ids = [tokenizer.encode(t) + end for t in texts]
         right.append(choices[choose(model, prompt, ids, [len(t.encode()) for t in texts])] == a)
     return right
