@@ -90,12 +90,11 @@ def _argument(f: dataclasses.Field, hint, default) -> tuple[list[str], dict]:
     if "default" not in text:  # a help text may say its default in words ("default: the model's max_seq_len")
         text += f" (default: {_default_text(f, default)})"
     kw = dict(dest=f.name, default=None, help=text.strip().replace("%", "%%"))
-    origin = typing.get_origin(base) or base
     if choices := choices_of(base):
         kw.update(choices=(*choices, _NONE) if optional else choices, type=_parse_as(type(choices[0]), optional))
     elif base is bool:
         kw.update(action=argparse.BooleanOptionalAction)
-    elif origin in (tuple, list):
+    elif (typing.get_origin(base) or base) in (tuple, list):
         item = (typing.get_args(base) or (str,))[0]
         kw.update(action="append", type=_parse_as(item, False), metavar=_METAVARS[item])  # --stop a --stop b
     else:
@@ -173,17 +172,6 @@ def config_from_args(args):
     return TrainConfig.from_dict(tuned(**fields)) if tuned else TrainConfig.from_preset(preset, **fields)
 
 # %% ../nbs/A4_cli.ipynb #c632cc04
-def _print_sample(model, tokenizer, n: int, seed: int):
-    "Print a newline and `n` new tokens after it, at `gptbook sample`'s default settings (SAMPLE_DEFAULTS)."
-    try:
-        ids = tokenizer.encode("\n")
-    except ValueError:
-        ids = [0]  # a vocabulary without a newline (a text that has none): start from id 0
-    idx = torch.tensor([ids], device=next(model.parameters()).device)
-    g = torch.Generator(device=idx.device).manual_seed(seed)
-    print(tokenizer.decode(generate(model, idx, n, **SAMPLE_DEFAULTS, generator=g)[0].tolist()))
-
-
 def _train(args) -> int:
     from gptbook.train import train
 
@@ -192,10 +180,16 @@ def _train(args) -> int:
     if trainer.is_main and trainer.history and cfg.task:  # a fine-tuned model answers rather than continues
         print(f"talk to it: gptbook chat {cfg.out_dir}")
     elif trainer.is_main and trainer.history:
-        if args.sample_tokens > 0:
-            print(f"\n--- a sample from the model at step {trainer.step} ---")
-            _print_sample(trainer.model.eval(), trainer.data.tokenizer, args.sample_tokens, cfg.seed)
-            print("---")
+        if args.sample_tokens > 0:  # a newline and what follows it, at `gptbook sample`'s settings (SAMPLE_DEFAULTS)
+            model, tokenizer = trainer.model.eval(), trainer.data.tokenizer
+            try:
+                ids = tokenizer.encode("\n")
+            except ValueError:
+                ids = [0]  # a vocabulary without a newline (a text that has none): start from id 0
+            idx = torch.tensor([ids], device=next(model.parameters()).device)
+            g = torch.Generator(device=idx.device).manual_seed(cfg.seed)
+            new = generate(model, idx, args.sample_tokens, **SAMPLE_DEFAULTS, generator=g)[0].tolist()
+            print(f"\n--- a sample from the model at step {trainer.step} ---\n{tokenizer.decode(new)}\n---")
         print(f"{'more text' if args.sample_tokens > 0 else 'sample'}: gptbook sample {cfg.out_dir}")
     return 0
 

@@ -202,13 +202,12 @@ def train_induction(
         if step % eval_every == 0 or step == steps:
             history.append(dict(step=step, **_measure(model.eval(), eval_batch, probe, probe_period)))
             model.train()
-        if step == steps:
-            break
-        idx, targets, _ = repeat_batch(batch_size, seq_len, vocab_size, periods, g_train)
-        loss = F.cross_entropy(model(idx).transpose(1, 2), targets)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+        if step < steps:
+            idx, targets, _ = repeat_batch(batch_size, seq_len, vocab_size, periods, g_train)
+            loss = F.cross_entropy(model(idx).transpose(1, 2), targets)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
     history[-1]["wall_s"] = time.perf_counter() - t0
     return model.eval(), history
 
@@ -242,11 +241,8 @@ def patch_heads(model, clean, corrupted, period: int) -> list[dict]:
     def run(idx, outputs):
         with torch.no_grad(), patch(model, outputs), record(model) as rec:
             logits = model(idx)[:, :-1]  # (B, 2 * period - 1, vocab_size)
-        loss = F.cross_entropy(logits.mT, targets, reduction="none")
-        return dict(
-            loss=loss[:, period:].mean().item(),  # the second copy's targets
-            induction=[induction_score(w, period).tolist() for w in rec.attn],
-        )
+        loss = F.cross_entropy(logits.mT, targets, reduction="none")[:, period:].mean().item()  # on the second copy
+        return dict(loss=loss, induction=[induction_score(w, period).tolist() for w in rec.attn])
 
     first = (torch.arange(clean.shape[1]) < period)[:, None]  # (T, 1)
     rows = [dict(head=None, how="clean", **run(clean, {})), dict(head=None, how="corrupted", **run(corrupted, {}))]

@@ -30,8 +30,7 @@ def rollouts(model, tokenizer, items, group: int, generator=None, max_new_tokens
 # %% ../nbs/17_reward.ipynb #c17pg02
 def group_advantages(rewards: torch.Tensor) -> torch.Tensor:
     "(P, G) rewards -> advantages: each reward less its group's mean, over the group's spread (0 where all agree)."
-    centred = rewards - rewards.mean(1, keepdim=True)
-    return centred / (rewards.std(1, keepdim=True) + 1e-4)
+    return (rewards - rewards.mean(1, keepdim=True)) / (rewards.std(1, keepdim=True) + 1e-4)
 
 # %% ../nbs/17_reward.ipynb #c17loss01
 def answer_rows(prompts, answers) -> tuple[torch.Tensor, torch.Tensor]:

@@ -417,25 +417,19 @@ def header(trainer, state: dict | None) -> str:
 
 
 def summary(trainer, seconds: float) -> str:
-    "The lines a finished run ends with: time, best val loss, where its checkpoint and metrics are."
-    best = min(r["val_loss"] for r in trainer.history)  # a finished run evaluated and saved its last step
-    return (
-        f"done in {seconds:.1f} s at step {trainer.step}: best val loss {best:.4f}\n"
-        f"checkpoint: {list_checkpoints(trainer.out_dir)[-1]}\nmetrics: {trainer.out_dir / METRICS}{_speed(trainer)}"
-    )
-
-
-def _speed(trainer) -> str:
-    "On a CPU: the model's matmul FLOP/s over the timed steps, and its share of a matmul's measured now (chapter 15)."
-    h = trainer.history
+    "The lines a finished run ends with: time, best val loss, its files; on a CPU, its matmuls' FLOP/s (chapter 15)."
+    h, out = trainer.history, trainer.out_dir
+    best = min(r["val_loss"] for r in h)  # a finished run evaluated and saved its last step
+    done = f"done in {seconds:.1f} s at step {trainer.step}: best val loss {best:.4f}\n"
+    done += f"checkpoint: {list_checkpoints(out)[-1]}\nmetrics: {out / METRICS}"
     timed = [(r["iter"] - q["iter"], r["ms_per_iter"] / 1000) for q, r in zip(h, h[1:]) if r["ms_per_iter"]]
     if trainer.device.type != "cpu" or not timed:
-        return ""
+        return done
     steps_per_sec = sum(n for n, _ in timed) / sum(n * s for n, s in timed)
     flops = trainer.model.flops_per_token(trainer.context_len) * trainer.tokens_per_step * steps_per_sec
-    ceiling, threads = matmul_flops(), torch.get_num_threads()
+    ceiling, threads = matmul_flops(), torch.get_num_threads()  # the share of a matmul's FLOP/s, measured now
     return (
-        f"\nspeed: {flops / 1e9:.1f} GFLOP/s in the model's matmuls, {flops / ceiling:.0%} of the "
+        f"{done}\nspeed: {flops / 1e9:.1f} GFLOP/s in the model's matmuls, {flops / ceiling:.0%} of the "
         f"{ceiling / 1e9:.0f} GFLOP/s of a 1024 x 1024 matmul on {threads} thread{'s' * (threads > 1)}"
     )
 
