@@ -22,7 +22,12 @@ from gptbook.checkpoint import load_checkpoint
 from gptbook.runs import read_metrics
 
 LORA_RANK = 2
-AFTER = (("add", "reverse"), ("add", "last_word"), ("first_word", "last_word"))  # (the chat model, the next task)
+AFTER = [
+    ("add", "reverse"),
+    ("add", "last_word"),
+    ("first_word", "last_word"),
+    ("last_word", "first_word"),
+]  # (from, task)
 
 
 def train_seconds(run: Path) -> float:
