@@ -22,12 +22,8 @@ from gptbook.checkpoint import load_checkpoint
 from gptbook.runs import read_metrics
 
 LORA_RANK = 2
-AFTER = [
-    ("add", "reverse"),
-    ("add", "last_word"),
-    ("first_word", "last_word"),
-    ("last_word", "first_word"),
-]  # (from, task)
+# (the chat model fine-tuned further, the task it learns next)
+AFTER = [("add", "reverse"), ("add", "last_word"), ("first_word", "last_word"), ("last_word", "first_word")]
 
 
 def train_seconds(run: Path) -> float:
