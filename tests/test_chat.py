@@ -69,12 +69,25 @@ def test_task_splits_are_disjoint_and_fixed(task, shakespeare_path):
     assert len({q for q, _ in test}) == 200
 
 
+def test_no_line_is_in_both_corpus_tasks(shakespeare_path):
+    "A model fine-tuned on one corpus task, then on the other, has read no line of the second one's test."
+
+    def lines(task, split, n):
+        return {q.split(": ", 1)[1] for q, _ in task_items(task, split, n)}
+
+    assert not lines("last_word", "train", 5000) & lines("first_word", "test", 500)
+    assert not lines("first_word", "train", 5000) & lines("last_word", "test", 500)
+
+
 def test_task_answers_are_right(shakespeare_path):
     for q, a in task_items("add", "val", 50):
         x, y = q.removeprefix("What is ").removesuffix("?").split(" + ")
         assert int(a) == int(x) + int(y)
     assert all(a == q.split()[-1][::-1] for q, a in task_items("reverse", "val", 50))
     assert all(q.rstrip(".,;:!?'- ").endswith(a) for q, a in task_items("last_word", "val", 50))
+    assert all(
+        q.removeprefix("First word of: ").lstrip('(["- ').startswith(a) for q, a in task_items("first_word", "val", 50)
+    )
     with pytest.raises(ValueError, match="unknown task"):
         task_items("nope", "train", 1)
 
