@@ -247,6 +247,7 @@ def test_bootstrap_on_known_cases():
 def test_sft_help_lists_the_tasks_and_the_cli_fine_tunes(base_run, tmp_path, capsys):
     status, out, _ = call(capsys, "sft", "--help")
     assert status == 0 and "{" + ",".join(TASKS) + ",none}" in out and "--lora-rank" in out
+    assert "(default: 0.001; 0.003 with --lora-rank)" in " ".join(out.split())  # the rate each kind of run gets
     argv = ["sft", "--init-from", base_run, "--task", "add", "--out", tmp_path / "cli", "--max-iters", "2"]
     status, out, err = call(capsys, *argv, "--eval-interval", "1", "--eval-iters", "1", "--no-progress")
     assert status == 0, err
