@@ -109,7 +109,7 @@ class TrainConfig(Options):
     device: str = option("auto", "auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps")
     dtype: Literal["auto", "float32", "bfloat16"] = option("auto", "auto: bfloat16 on a GPU that has it, else float32")
     compile: bool = option(False, "torch.compile the model (needs a C++ compiler; pays off on GPUs)")
-    threads: int | None = option(None, "CPU threads (default: the CPUs that other jobs leave idle)", min=0)
+    threads: int | None = option(None, "CPU threads (default: the idle CPUs; a fixed N resumes bit-exactly)", min=0)
     keep_last: int = option(1, "checkpoints kept in out_dir (the newest ones)", min=1)
     diverge_factor: float = option(3.0, "stop when the val loss exceeds this times the best", min=1, min_open=True)
     progress: bool = option(True, "a progress bar (rank 0; without a terminal: a line every 10% of the run)")
