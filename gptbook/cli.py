@@ -22,7 +22,7 @@ import torch
 import gptbook
 from .checkpoint import load_checkpoint
 from .config import PRESETS, GPTConfig
-from .chat import LORA_LR, TASKS, bootstrap, sft_config
+from .chat import TASKS, bootstrap, sft_config
 from .files import atomic_write, read_text
 from .hf import from_nanogpt, hf_pretrained
 from .model import pick_device, text_nats
@@ -135,7 +135,7 @@ def _add_train_args(p: argparse.ArgumentParser, preset: str | None = None, comma
     preset = preset if preset in PRESETS else TrainConfig.preset  # a bad name: argparse names it, below
     tuned = _TUNED.get(command)
     defaults = TrainConfig.from_dict(tuned()) if tuned else TrainConfig.from_preset(preset)
-    lora = {"lr": f"{defaults.lr:g}; {LORA_LR:g} with --lora-rank"} if command == "sft" else {}
+    lora = {"lr": f"{defaults.lr:g}; {tuned(lora_rank=1)['lr']:g} with --lora-rank"} if command == "sft" else {}
     flags = add_options(p, TrainConfig, "training (TrainConfig)", {**defaults.to_dict(), **lora})
     shown = {**GPTConfig.from_preset(preset, 1).to_dict(), "vocab_size": "the tokenizer's size"}
     model_flags = add_options(p, GPTConfig, f"model (GPTConfig: the {preset} preset unless given)", shown)
